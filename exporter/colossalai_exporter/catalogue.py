@@ -1,0 +1,306 @@
+"""Every metric the project serves: the single source of truth.
+
+Each entry names a metric as it appears in the text exposition (counters with
+``_total``, info metrics with ``_info``), its type, its base unit, its labels
+and its help text. Collectors build their families through :func:`family`, so
+help texts and label names cannot drift from this file; ``docs/metrics.md`` is
+generated from it (``colossalai-exporter docs``); tests check that servers
+serve, and rules and dashboards use, only names listed here.
+
+Sections are kept per component so that each part can grow its own list.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+)
+from prometheus_client.core import (
+    Metric as MetricFamily,
+)
+
+MetricType = Literal["counter", "gauge", "histogram", "info"]
+Component = Literal["node", "training", "ranks", "probe", "chat", "bridge", "process"]
+
+COMPONENT_TITLES: dict[str, str] = {
+    "node": "Node agent (`colossalai-exporter node`)",
+    "ranks": "Node agent: training ranks seen from outside",
+    "training": "Training (in-process `TrainingMonitor`, label `rank` on every series)",
+    "probe": "Chat prober (`colossalai-exporter probe`), blackbox-exporter compatible",
+    "chat": "FastAPI chat-server helper (`colossalai_exporter.chat.instrument`)",
+    "bridge": "Bridge (`colossalai-exporter bridge`)",
+    "process": "Process metrics of every server (from prometheus_client)",
+}
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One catalogued metric."""
+
+    name: str
+    type: MetricType
+    help: str
+    labels: tuple[str, ...] = ()
+    unit: str = ""
+    component: Component = "node"
+
+    @property
+    def family_name(self) -> str:
+        """The name prometheus_client families take (without ``_total``/``_info``)."""
+        if self.type == "counter":
+            return self.name.removesuffix("_total")
+        if self.type == "info":
+            return self.name.removesuffix("_info")
+        return self.name
+
+    def sample_names(self) -> tuple[str, ...]:
+        """Names of the samples this metric produces in the text exposition."""
+        if self.type == "counter":
+            return (self.name, self.family_name + "_created")
+        if self.type == "histogram":
+            base = self.name
+            return (base + "_bucket", base + "_count", base + "_sum", base + "_created")
+        return (self.name,)
+
+
+def _m(
+    name: str,
+    type_: MetricType,
+    help_: str,
+    labels: Sequence[str] = (),
+    unit: str = "",
+    component: Component = "node",
+) -> Metric:
+    return Metric(name, type_, help_, tuple(labels), unit, component)
+
+
+# ---------------------------------------------------------------------------
+# Node agent: GPU, host, disks, rendezvous, and the agent itself.
+# ---------------------------------------------------------------------------
+NODE: tuple[Metric, ...] = (
+    _m("colossalai_gpu_devices", "gauge",
+       "Number of GPUs NVML reports on this node.", ()),
+    _m("colossalai_gpu_expected_devices", "gauge",
+       "Number of GPUs this node is expected to have (--gpu.expected); absent when not set.", ()),
+    _m("colossalai_gpu_info", "info",
+       "GPU identity: index, UUID, product name and driver version (always 1).",
+       ("gpu", "uuid", "name", "driver_version")),
+    _m("colossalai_gpu_memory_used_bytes", "gauge",
+       "GPU memory in use, as NVML reports it.", ("gpu",), "bytes"),
+    _m("colossalai_gpu_memory_total_bytes", "gauge",
+       "GPU memory installed.", ("gpu",), "bytes"),
+    _m("colossalai_gpu_memory_used_percent", "gauge",
+       "GPU memory in use as a percentage of the total (0-100; the tutorial's pct).",
+       ("gpu",), "percent"),
+    _m("colossalai_gpu_utilization_ratio", "gauge",
+       "Fraction of the last sample period during which a kernel ran on the GPU (0-1).",
+       ("gpu",), "ratio"),
+    _m("colossalai_gpu_temperature_celsius", "gauge",
+       "GPU core temperature.", ("gpu",), "celsius"),
+    _m("colossalai_gpu_power_watts", "gauge",
+       "GPU power draw.", ("gpu",), "watts"),
+    _m("colossalai_gpu_ecc_errors_total", "counter",
+       "ECC memory errors over the GPU's lifetime (aggregate), by type corrected|uncorrected; "
+       "absent where the GPU or driver does not report ECC.", ("gpu", "type")),
+    _m("colossalai_gpu_xid_errors_total", "counter",
+       "Critical Xid events seen by this agent since it started.", ("gpu",)),
+    _m("colossalai_gpu_last_xid", "gauge",
+       "Code of the last critical Xid event seen on the GPU (48, 79 … are usually fatal).",
+       ("gpu",)),
+    _m("colossalai_gpu_last_xid_timestamp_seconds", "gauge",
+       "When the agent saw the last critical Xid event on the GPU.", ("gpu",), "seconds"),
+    _m("colossalai_host_memory_total_bytes", "gauge",
+       "Host memory installed (Gemini offloads parameters and optimizer state here).",
+       (), "bytes"),
+    _m("colossalai_host_memory_available_bytes", "gauge",
+       "Host memory available to new allocations without swapping (MemAvailable).",
+       (), "bytes"),
+    _m("colossalai_host_swap_total_bytes", "gauge", "Swap space configured.", (), "bytes"),
+    _m("colossalai_host_swap_used_bytes", "gauge", "Swap space in use.", (), "bytes"),
+    _m("colossalai_disk_free_bytes", "gauge",
+       "Bytes available to unprivileged users on the filesystem holding a watched path.",
+       ("name", "path"), "bytes"),
+    _m("colossalai_disk_total_bytes", "gauge",
+       "Size of the filesystem holding a watched path.", ("name", "path"), "bytes"),
+    _m("colossalai_disk_path_ok", "gauge",
+       "1 when a watched path exists, is a writable directory (and a mount point if "
+       "declared so) and answered within the deadline; 0 otherwise.", ("name", "path")),
+    _m("colossalai_disk_path_failure_info", "info",
+       "Why a watched path is not ok (one series while it fails): missing, not_directory, "
+       "not_writable, not_mounted, permission, timeout, error.", ("name", "path", "reason")),
+    _m("colossalai_nccl_up", "gauge",
+       "1 when a TCP connection to the rendezvous/store endpoint succeeded within the "
+       "deadline.", ("target",)),
+    _m("colossalai_nccl_connect_duration_seconds", "gauge",
+       "Time the last TCP connect to the rendezvous endpoint took (until success or "
+       "failure).", ("target",), "seconds"),
+    _m("colossalai_nccl_failure_info", "info",
+       "Why the rendezvous endpoint is unreachable (one series while it fails): refused, "
+       "timeout, dns, unreachable, error.", ("target", "reason")),
+    _m("colossalai_exporter_collector_up", "gauge",
+       "1 when the collector's last run succeeded, 0 when it failed (its series are then "
+       "dropped, not served stale).", ("collector",)),
+    _m("colossalai_exporter_collector_duration_seconds", "gauge",
+       "How long the collector's last run took.", ("collector",), "seconds"),
+    _m("colossalai_exporter_collector_errors_total", "counter",
+       "Collector runs that failed, by reason (every reason pre-created at 0).",
+       ("collector", "reason")),
+    _m("colossalai_exporter_collector_failure_info", "info",
+       "Why a collector is down (one series while it fails).", ("collector", "reason")),
+    _m("colossalai_exporter_build_info", "info",
+       "Version of colossalai-exporter and of the Python running it (always 1).",
+       ("version", "python_version")),
+)
+
+# ---------------------------------------------------------------------------
+# Node agent: each local training rank as seen from outside its process.
+# ---------------------------------------------------------------------------
+RANKS: tuple[Metric, ...] = (
+    _m("colossalai_rank_up", "gauge",
+       "1 while the rank's process is alive and its state snapshot is fresh.", ("rank",),
+       component="ranks"),
+)
+
+# ---------------------------------------------------------------------------
+# Training: the in-process TrainingMonitor.
+# ---------------------------------------------------------------------------
+TRAINING: tuple[Metric, ...] = (
+    _m("colossalai_training_steps_total", "counter",
+       "Training steps completed.", ("rank",), component="training"),
+    _m("colossalai_training_last_step_timestamp_seconds", "gauge",
+       "When the rank last completed a step.", ("rank",), "seconds", "training"),
+    _m("colossalai_training_step_duration_seconds", "histogram",
+       "Wall-clock duration of training steps.", ("rank",), "seconds", "training"),
+    _m("colossalai_training_step_timeout_seconds", "gauge",
+       "The budget a stall is judged by in the current phase.", ("rank",), "seconds",
+       "training"),
+    _m("colossalai_training_phase", "gauge",
+       "1 for the rank's current phase, 0 for the others.", ("rank", "phase"),
+       component="training"),
+    _m("colossalai_training_phase_start_timestamp_seconds", "gauge",
+       "When the rank entered its current phase.", ("rank",), "seconds", "training"),
+    _m("colossalai_training_loss", "gauge",
+       "Loss of the last step that reported one.", ("rank",), component="training"),
+    _m("colossalai_gemini_oom_total", "counter",
+       "Out-of-memory errors raised inside monitored steps and checkpoints, by device.",
+       ("rank", "device"), component="training"),
+    _m("colossalai_checkpoint_last_success_timestamp_seconds", "gauge",
+       "When the last checkpoint finished successfully.", ("rank",), "seconds", "training"),
+    _m("colossalai_checkpoint_last_step", "gauge",
+       "Step of the last successful checkpoint.", ("rank",), component="training"),
+    _m("colossalai_checkpoint_failures_total", "counter",
+       "Checkpoints that raised.", ("rank",), component="training"),
+    _m("colossalai_kernels_ready", "gauge",
+       "1 once the rank's kernels are built or loaded.", ("rank",), component="training"),
+    _m("colossalai_heartbeat_last_success_timestamp_seconds", "gauge",
+       "When a heartbeat ping last succeeded.", ("rank", "heartbeat"), "seconds",
+       "training"),
+)
+
+# ---------------------------------------------------------------------------
+# Chat prober: blackbox exporter names plus why a probe failed.
+# ---------------------------------------------------------------------------
+PROBE: tuple[Metric, ...] = (
+    _m("probe_success", "gauge", "1 when the probe succeeded.", component="probe"),
+    _m("probe_duration_seconds", "gauge", "How long the probe took.", (), "seconds",
+       "probe"),
+    _m("probe_http_status_code", "gauge", "HTTP status code of the last response.",
+       component="probe"),
+)
+
+# ---------------------------------------------------------------------------
+# FastAPI chat-server helper.
+# ---------------------------------------------------------------------------
+CHAT: tuple[Metric, ...] = ()
+
+# ---------------------------------------------------------------------------
+# Bridge: Alertmanager -> Vigilmon heartbeats and webhooks.
+# ---------------------------------------------------------------------------
+BRIDGE: tuple[Metric, ...] = (
+    _m("colossalai_bridge_notifications_received_total", "counter",
+       "Alertmanager notifications accepted and stored.", component="bridge"),
+    _m("colossalai_bridge_notifications_rejected_total", "counter",
+       "Alertmanager notifications refused, by reason.", ("reason",), component="bridge"),
+    _m("colossalai_bridge_deliveries_total", "counter",
+       "Delivery attempts by target and result.", ("target", "result"), component="bridge"),
+    _m("colossalai_bridge_queue_depth", "gauge",
+       "Deliveries waiting for a target.", ("target",), component="bridge"),
+    _m("colossalai_bridge_oldest_pending_age_seconds", "gauge",
+       "Age of the oldest delivery waiting for a target.", ("target",), "seconds", "bridge"),
+    _m("colossalai_bridge_last_success_timestamp_seconds", "gauge",
+       "When a delivery to the target last succeeded.", ("target",), "seconds", "bridge"),
+    _m("colossalai_bridge_dead_letters_total", "counter",
+       "Deliveries given up on, by target.", ("target",), component="bridge"),
+)
+
+# ---------------------------------------------------------------------------
+# Standard process metrics (prometheus_client's ProcessCollector).
+# ---------------------------------------------------------------------------
+PROCESS: tuple[Metric, ...] = (
+    _m("process_cpu_seconds_total", "counter", "Total user and system CPU time spent in "
+       "seconds.", (), "seconds", "process"),
+    _m("process_open_fds", "gauge", "Number of open file descriptors.",
+       component="process"),
+    _m("process_max_fds", "gauge", "Maximum number of open file descriptors.",
+       component="process"),
+    _m("process_virtual_memory_bytes", "gauge", "Virtual memory size in bytes.", (),
+       "bytes", "process"),
+    _m("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.", (),
+       "bytes", "process"),
+    _m("process_start_time_seconds", "gauge",
+       "Start time of the process since unix epoch in seconds.", (), "seconds", "process"),
+)
+
+CATALOGUE: tuple[Metric, ...] = NODE + RANKS + TRAINING + PROBE + CHAT + BRIDGE + PROCESS
+BY_NAME: dict[str, Metric] = {m.name: m for m in CATALOGUE}
+
+# Standard process metrics: counter names in prometheus_client lack _created.
+_NO_CREATED = {"process_cpu_seconds_total"}
+
+
+def get(name: str) -> Metric:
+    """The catalogue entry for ``name``; KeyError names the missing metric."""
+    try:
+        return BY_NAME[name]
+    except KeyError:
+        raise KeyError(f"metric {name!r} is not in the catalogue") from None
+
+
+def family(name: str, extra_labels: Iterable[str] = ()) -> MetricFamily:
+    """An empty metric family for a catalogued metric, with its help and labels.
+
+    ``extra_labels`` is only for the ``rank`` label that the node agent adds when
+    it re-serves a rank's own training metrics.
+
+    >>> f = family("colossalai_disk_free_bytes")
+    >>> f.add_metric(["checkpoints", "/ckpt"], 1e12)
+    """
+    metric = get(name)
+    labels = [*extra_labels, *metric.labels]
+    if metric.type == "counter":
+        return CounterMetricFamily(metric.family_name, metric.help, labels=labels)
+    if metric.type == "gauge":
+        return GaugeMetricFamily(metric.family_name, metric.help, labels=labels)
+    if metric.type == "histogram":
+        return HistogramMetricFamily(metric.family_name, metric.help, labels=labels)
+    return InfoMetricFamily(metric.family_name, metric.help, labels=labels)
+
+
+def known_sample_names() -> set[str]:
+    """Every sample name the catalogue allows in an exposition."""
+    names: set[str] = set()
+    for metric in CATALOGUE:
+        names.update(metric.sample_names())
+    return names - {"process_cpu_seconds_created"} | _NO_CREATED
+
+
+def in_component(*components: str) -> tuple[Metric, ...]:
+    """Catalogued metrics of the named components, in catalogue order."""
+    return tuple(m for m in CATALOGUE if m.component in components)

@@ -1,0 +1,154 @@
+"""Shared test helpers: prerequisites, free ports, waiting with deadlines, CLI runs."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCE_ROOT = REPO / "exporter"
+IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
+
+
+def require(condition: bool, what: str) -> None:
+    """Skip when a prerequisite is missing, except under CI=true, where it fails."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"prerequisite missing under CI=true: {what}")
+    pytest.skip(f"prerequisite missing: {what}")
+
+
+def require_binary(name: str) -> str:
+    path = shutil.which(name)
+    require(path is not None, f"binary {name!r} on PATH (Debian packages, scripts/install-dev.sh)")
+    assert path is not None
+    return path
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0
+
+
+def cli_env(**extra: str) -> dict[str, str]:
+    """Environment for running the package from this source tree in a subprocess."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(SOURCE_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.pop("MASTER_ADDR", None)
+    env.pop("MASTER_PORT", None)
+    env.update(extra)
+    return env
+
+
+def run_cli(*args: str, timeout: float = 30, env: dict[str, str] | None = None,
+            **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    """``python -m colossalai_exporter ARGS`` to completion, output captured."""
+    return subprocess.run([sys.executable, "-m", "colossalai_exporter", *args],
+                          capture_output=True, text=True, timeout=timeout,
+                          env=env or cli_env(), check=False, **kwargs)
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02,
+               what: str = "condition") -> Any:
+    """Poll ``predicate`` until it returns something truthy, failing after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    last_exc: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except Exception as exc:
+            last_exc = exc
+        else:
+            if value:
+                return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}"
+                         + (f" (last error: {last_exc!r})" if last_exc else ""))
+
+
+def http_get(url: str, timeout: float = 5.0,
+             headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    """GET returning (status, headers, body) for any status, errors included."""
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, dict(response.headers), response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, dict(exc.headers), exc.read()
+
+
+class ServerProcess:
+    """A command of ours run as a real process; ``url`` once it answers."""
+
+    def __init__(self, args: list[str], port: int, env: dict[str, str] | None = None,
+                 cwd: Path | None = None) -> None:
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "colossalai_exporter", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=env or cli_env(), cwd=cwd)
+
+    def wait_ready(self, path: str = "/metrics", timeout: float = 15.0) -> None:
+        def ready() -> bool:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"server exited {self.proc.returncode}: {self.output()}")
+            try:
+                return http_get(self.url + path, timeout=2)[0] > 0
+            except OSError:
+                return False
+
+        wait_until(ready, timeout, what=f"{self.url}{path}")
+
+    def output(self) -> str:
+        if self.proc.poll() is None:
+            return "(still running)"
+        assert self.proc.stdout is not None
+        return self.proc.stdout.read()
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return self.proc.returncode
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def server_process() -> Iterator[Callable[..., ServerProcess]]:
+    """Start ``colossalai-exporter`` servers; every one is stopped after the test."""
+    started: list[ServerProcess] = []
+
+    def start(*args: str, env: dict[str, str] | None = None, path: str = "/metrics",
+              port: int | None = None, ready: bool = True) -> ServerProcess:
+        port = port or free_port()
+        proc = ServerProcess([*args, "--web.listen-address", f"127.0.0.1:{port}"], port, env)
+        started.append(proc)
+        if ready:
+            proc.wait_ready(path)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.stop()
