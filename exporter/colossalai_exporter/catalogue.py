@@ -166,6 +166,9 @@ RANKS: tuple[Metric, ...] = (
     _m("colossalai_rank_up", "gauge",
        "1 while the rank's process is alive and its state snapshot is fresh.", ("rank",),
        component="ranks"),
+    _m("colossalai_rank_snapshot_age_seconds", "gauge",
+       "Seconds since the rank last published its state snapshot.", ("rank",), "seconds",
+       "ranks"),
 )
 
 # ---------------------------------------------------------------------------
@@ -186,6 +189,15 @@ TRAINING: tuple[Metric, ...] = (
        component="training"),
     _m("colossalai_training_phase_start_timestamp_seconds", "gauge",
        "When the rank entered its current phase.", ("rank",), "seconds", "training"),
+    _m("colossalai_training_samples_total", "counter",
+       "Samples processed, when the training loop reports them.", ("rank",),
+       component="training"),
+    _m("colossalai_training_tokens_total", "counter",
+       "Tokens processed, when the training loop reports them.", ("rank",),
+       component="training"),
+    _m("colossalai_training_stalls_total", "counter",
+       "Stalls detected by the monitor (each leaves a stack dump in the run directory).",
+       ("rank",), component="training"),
     _m("colossalai_training_loss", "gauge",
        "Loss of the last step that reported one.", ("rank",), component="training"),
     _m("colossalai_gemini_oom_total", "counter",
@@ -195,13 +207,27 @@ TRAINING: tuple[Metric, ...] = (
        "When the last checkpoint finished successfully.", ("rank",), "seconds", "training"),
     _m("colossalai_checkpoint_last_step", "gauge",
        "Step of the last successful checkpoint.", ("rank",), component="training"),
+    _m("colossalai_checkpoint_duration_seconds", "gauge",
+       "How long the last checkpoint took.", ("rank",), "seconds", "training"),
     _m("colossalai_checkpoint_failures_total", "counter",
        "Checkpoints that raised.", ("rank",), component="training"),
     _m("colossalai_kernels_ready", "gauge",
        "1 once the rank's kernels are built or loaded.", ("rank",), component="training"),
+    _m("colossalai_gemini_chunk_memory_bytes", "gauge",
+       "Memory held by Gemini chunks, by device.", ("rank", "device"), "bytes", "training"),
+    _m("colossalai_gemini_h2d_bytes_total", "counter",
+       "Bytes Gemini moved from host to device.", ("rank",), "bytes", "training"),
+    _m("colossalai_gemini_d2h_bytes_total", "counter",
+       "Bytes Gemini moved from device to host.", ("rank",), "bytes", "training"),
     _m("colossalai_heartbeat_last_success_timestamp_seconds", "gauge",
        "When a heartbeat ping last succeeded.", ("rank", "heartbeat"), "seconds",
        "training"),
+    _m("colossalai_heartbeat_last_attempt_timestamp_seconds", "gauge",
+       "When a heartbeat ping was last attempted.", ("rank", "heartbeat"), "seconds",
+       "training"),
+    _m("colossalai_heartbeat_sends_total", "counter",
+       "Heartbeat pings by result (success, failure, dropped).",
+       ("rank", "heartbeat", "result"), component="training"),
 )
 
 # ---------------------------------------------------------------------------
@@ -213,6 +239,9 @@ PROBE: tuple[Metric, ...] = (
        "probe"),
     _m("probe_http_status_code", "gauge", "HTTP status code of the last response.",
        component="probe"),
+    _m("probe_failure_info", "info",
+       "Why the probe failed (one series when it failed): refused, timeout, dns, tls, "
+       "status, body, engine_error, …", ("reason",), component="probe"),
 )
 
 # ---------------------------------------------------------------------------
