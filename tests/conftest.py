@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -94,9 +95,11 @@ class ServerProcess:
                  cwd: Path | None = None) -> None:
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
+        # Output goes to a file, not a pipe: a chatty server can never block on a full pipe.
+        self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "colossalai_exporter", *args],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            stdout=self.log, stderr=subprocess.STDOUT, text=True,
             env=env or cli_env(), cwd=cwd)
 
     def wait_ready(self, path: str = "/metrics", timeout: float = 15.0) -> None:
@@ -111,10 +114,9 @@ class ServerProcess:
         wait_until(ready, timeout, what=f"{self.url}{path}")
 
     def output(self) -> str:
-        if self.proc.poll() is None:
-            return "(still running)"
-        assert self.proc.stdout is not None
-        return self.proc.stdout.read()
+        self.log.flush()
+        self.log.seek(0)
+        return self.log.read()
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -125,6 +127,10 @@ class ServerProcess:
                 self.proc.kill()
                 self.proc.wait(5)
         return self.proc.returncode
+
+    def close(self) -> None:
+        self.stop()
+        self.log.close()
 
 
 def free_port() -> int:
@@ -151,4 +157,4 @@ def server_process() -> Iterator[Callable[..., ServerProcess]]:
 
     yield start
     for proc in started:
-        proc.stop()
+        proc.close()

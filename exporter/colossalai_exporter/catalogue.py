@@ -14,16 +14,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
     HistogramMetricFamily,
     InfoMetricFamily,
-)
-from prometheus_client.core import (
-    Metric as MetricFamily,
 )
 
 MetricType = Literal["counter", "gauge", "histogram", "info"]
@@ -302,7 +299,7 @@ def get(name: str) -> Metric:
         raise KeyError(f"metric {name!r} is not in the catalogue") from None
 
 
-def family(name: str, extra_labels: Iterable[str] = ()) -> MetricFamily:
+def family(name: str, extra_labels: Iterable[str] = ()) -> Any:
     """An empty metric family for a catalogued metric, with its help and labels.
 
     ``extra_labels`` is only for the ``rank`` label that the node agent adds when
@@ -310,6 +307,9 @@ def family(name: str, extra_labels: Iterable[str] = ()) -> MetricFamily:
 
     >>> f = family("colossalai_disk_free_bytes")
     >>> f.add_metric(["checkpoints", "/ckpt"], 1e12)
+
+    Typed ``Any`` on purpose: the four family classes' ``add_metric`` differ
+    (an info takes a dict), and callers know which type they asked for.
     """
     metric = get(name)
     labels = [*extra_labels, *metric.labels]

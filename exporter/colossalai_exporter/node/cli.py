@@ -1,0 +1,67 @@
+"""``colossalai-exporter node``: run the per-node agent."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from colossalai_exporter.flags import ArgumentParser, add_common_flags
+from colossalai_exporter.logs import setup_logging
+from colossalai_exporter.node.agent import Agent, build_app
+from colossalai_exporter.node.base import NodeCollector
+from colossalai_exporter.node.config import DEFAULT_PORT, NodeConfig, add_node_flags, load_config
+from colossalai_exporter.node.disk import DiskCollector
+from colossalai_exporter.node.host import HostCollector
+from colossalai_exporter.node.rendezvous import RendezvousCollector
+from colossalai_exporter.web import App, load_web_config, serve
+from colossalai_exporter.web.auth import BasicAuthenticator
+
+log = logging.getLogger("colossalai_exporter.node")
+
+
+def build_collectors(config: NodeConfig) -> list[NodeCollector]:
+    collectors: list[NodeCollector] = []
+    if config.collectors["gpu"]:
+        from colossalai_exporter.node.gpu import GpuCollector
+
+        collectors.append(GpuCollector(timeout=config.gpu_timeout, expected=config.gpu_expected))
+    if config.collectors["host"]:
+        collectors.append(HostCollector())
+    if config.collectors["disk"] and config.disks:
+        collectors.append(DiskCollector(config.disks))
+    if config.collectors["rendezvous"] and config.rendezvous:
+        collectors.append(RendezvousCollector(config.rendezvous, config.rendezvous_timeout))
+    return collectors
+
+
+def report_first_scrape(agent: Agent) -> None:
+    """Say plainly, once at start-up, which collectors are down and why (no GPU, say)."""
+    list(agent.collect())
+    for name, state in sorted(agent.states.items()):
+        if state.up:
+            log.info("collector ready", extra={"collector": name})
+        else:
+            log.warning(f"collector {name} is down: {state.message} (reason {state.reason}); "
+                        "the other collectors are served",
+                        extra={"collector": name, "reason": state.reason})
+
+
+def main(argv: list[str]) -> int:
+    parser = ArgumentParser(prog="colossalai-exporter node",
+                            description="Per-node agent: GPUs, host memory, disks, rendezvous.")
+    add_common_flags(parser, DEFAULT_PORT)
+    add_node_flags(parser)
+    args = parser.parse_args(argv)
+    config = load_config(args)
+    setup_logging(config.log_level, config.log_format)
+    web_config = load_web_config(config.web_config_file)
+    agent = Agent(build_collectors(config), scrape_timeout=config.scrape_timeout)
+    app = App(authenticator=BasicAuthenticator(web_config.basic_auth_users),
+              extra_headers=web_config.headers, max_body_bytes=0)
+    try:
+        handle = serve(build_app(agent, app), config.listen_address, web_config, name="node")
+        threading.Thread(target=report_first_scrape, args=(agent,), daemon=True).start()
+        handle.wait()
+    finally:
+        agent.close()
+    return 0

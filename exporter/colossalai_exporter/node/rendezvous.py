@@ -1,0 +1,96 @@
+"""Rendezvous reachability: a TCP connect to each configured store endpoint.
+
+This is the tutorial's ``check_nccl_port``, done for every endpoint at once,
+each with its own deadline, and with the reason a connect failed. NCCL's own
+data ports are ephemeral; what can be checked from outside is the c10d store
+or MASTER_ADDR:MASTER_PORT that every rank must reach to (re)join.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from prometheus_client.core import Metric as MetricFamily
+
+from colossalai_exporter.catalogue import family
+
+REASONS = ("refused", "timeout", "dns", "unreachable", "error")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    host: str
+    port: int
+
+    @property
+    def label(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class ConnectResult:
+    ok: bool
+    seconds: float
+    reason: str = ""
+
+
+def _reason(exc: OSError) -> str:
+    if isinstance(exc, socket.gaierror):
+        return "dns"
+    if isinstance(exc, TimeoutError | socket.timeout):
+        return "timeout"
+    if isinstance(exc, ConnectionRefusedError):
+        return "refused"
+    if exc.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EHOSTDOWN):
+        return "unreachable"
+    return "error"
+
+
+def connect(endpoint: Endpoint, timeout: float) -> ConnectResult:
+    """One TCP connect, closed at once; never longer than ``timeout`` (DNS included)."""
+    start = time.monotonic()
+    try:
+        # getaddrinfo has no timeout of its own; the collector's thread pool
+        # deadline bounds it (a hung resolver is reported as timeout).
+        with socket.create_connection((endpoint.host, endpoint.port), timeout=timeout):
+            pass
+    except OSError as exc:
+        return ConnectResult(False, time.monotonic() - start, _reason(exc))
+    return ConnectResult(True, time.monotonic() - start)
+
+
+class RendezvousCollector:
+    name = "rendezvous"
+    reasons: tuple[str, ...] = ("error",)
+
+    def __init__(self, endpoints: list[Endpoint], timeout: float = 2.0) -> None:
+        self.endpoints = endpoints
+        self.timeout = timeout
+        # Threads outlive a hung getaddrinfo; a small pool bounds how many pile up.
+        self._pool = ThreadPoolExecutor(max_workers=max(1, min(8, len(endpoints))),
+                                        thread_name_prefix="rendezvous")
+
+    def collect(self, deadline: float) -> list[MetricFamily]:
+        budget = max(0.01, min(self.timeout, deadline - time.monotonic()))
+        futures = [(ep, self._pool.submit(connect, ep, budget)) for ep in self.endpoints]
+        up = family("colossalai_nccl_up")
+        duration = family("colossalai_nccl_connect_duration_seconds")
+        failure = family("colossalai_nccl_failure_info")
+        for endpoint, future in futures:
+            remaining = max(0.0, deadline - time.monotonic())
+            try:
+                result = future.result(timeout=min(budget, remaining) + 0.05)
+            except TimeoutError:
+                result = ConnectResult(False, budget, "timeout")
+            up.add_metric([endpoint.label], 1.0 if result.ok else 0.0)
+            duration.add_metric([endpoint.label], result.seconds)
+            if not result.ok:
+                failure.add_metric([endpoint.label, result.reason], {})
+        return [up, duration, failure]
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)

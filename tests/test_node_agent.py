@@ -1,0 +1,274 @@
+"""The node agent as a real process on loopback: exposition, health, faults, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from colossalai_exporter import catalogue
+from conftest import REPO, cli_env, free_port, http_get, is_root, require, require_binary, run_cli
+
+GOLDEN = REPO / "tests" / "golden" / "node_agent_names.txt"
+NO_GPU = "--no-collector.gpu"
+
+
+def scrape(url: str) -> str:
+    status, _, body = http_get(url + "/metrics")
+    assert status == 200
+    return body.decode()
+
+
+def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, frozenset(s.labels.items()))] = s.value
+    return out
+
+
+def value(text: str, metric: str, /, **labels: str) -> float | None:
+    return samples(text).get((metric, frozenset(labels.items())))
+
+
+@pytest.fixture
+def listener() -> Iterator[int]:
+    """A real listening socket that accepts and closes, like a c10d store would accept."""
+    import threading
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    sock.settimeout(0.2)
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = sock.accept()
+                conn.close()
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield int(sock.getsockname()[1])
+    stop.set()
+    thread.join(2)
+    sock.close()
+
+
+def test_serves_catalogued_names_promtool_clean_and_matches_golden(
+        server_process, tmp_path: Path, listener: int) -> None:
+    agent = server_process("node", NO_GPU, "--disk", f"checkpoints={tmp_path}",
+                           "--rendezvous.target", f"127.0.0.1:{listener}")
+    text = scrape(agent.url)
+    served = {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
+    assert served <= catalogue.known_sample_names(), served - catalogue.known_sample_names()
+
+    promtool = require_binary("promtool")
+    lint = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                          text=True, timeout=30, check=False)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+    # Golden: every family's name and type, so an accidental rename fails here; label
+    # names of every sample must be exactly the catalogued ones.
+    families = list(text_string_to_metric_families(text))
+    shape = sorted({f"{fam.name} {fam.type}" for fam in families})
+    assert GOLDEN.read_text().splitlines() == shape, (
+        "exposition shape changed; if intended, update tests/golden/node_agent_names.txt")
+    for fam in families:
+        for sample in fam.samples:
+            metric = catalogue.BY_NAME.get(sample.name) or catalogue.BY_NAME.get(fam.name) \
+                or catalogue.BY_NAME[fam.name + ("_total" if fam.type == "counter" else "_info")]
+            assert set(sample.labels) - {"le"} == set(metric.labels), sample
+
+    assert value(text, "colossalai_disk_path_ok", name="checkpoints", path=str(tmp_path)) == 1
+    assert value(text, "colossalai_nccl_up", target=f"127.0.0.1:{listener}") == 1
+    assert value(text, "colossalai_host_memory_total_bytes") > 0
+    assert value(text, "colossalai_exporter_collector_up", collector="disk") == 1
+    # Error counters exist at zero before the first failure.
+    assert value(text, "colossalai_exporter_collector_errors_total",
+                 collector="disk", reason="timeout") == 0
+
+    status, headers, body = http_get(agent.url + "/metrics",
+                                     headers={"Accept": "application/openmetrics-text"})
+    assert status == 200 and "openmetrics" in headers["content-type"]
+    assert body.decode().rstrip().endswith("# EOF")
+
+    status, _, body = http_get(agent.url + "/health")
+    assert status == 200 and json.loads(body)["status"] == "ok"
+    status, _, body = http_get(agent.url + "/")
+    assert status == 200 and b'href="metrics"' in body
+
+
+def test_disk_faults_on_real_filesystems(server_process, tmp_path: Path) -> None:
+    missing = tmp_path / "missing"
+    a_file = tmp_path / "file"
+    a_file.write_text("x")
+    readonly = tmp_path / "readonly"
+    readonly.mkdir()
+    not_mount = tmp_path / "plain"
+    not_mount.mkdir()
+    args = ["node", NO_GPU, "--no-collector.rendezvous",
+            "--disk", f"missing={missing}", "--disk", f"file={a_file}",
+            "--disk.mount-point", f"nvme={not_mount}"]
+    full = tmp_path / "full"
+    mounted = False
+    if is_root():
+        full.mkdir()
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M", "tmpfs", str(full)],
+                                 check=False, capture_output=True).returncode == 0
+    require(mounted, "root and mount -t tmpfs for a real full disk")
+    try:
+        # Fill the tmpfs to the last block: a real full disk.
+        fill = subprocess.run(["dd", "if=/dev/zero", f"of={full / 'fill'}", "bs=64k"],
+                              capture_output=True, text=True, check=False)
+        assert "No space left on device" in fill.stderr
+        args += ["--disk.mount-point", f"full={full}"]
+        readonly_mount = tmp_path / "ro"
+        readonly_mount.mkdir()
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1M,ro", "tmpfs",
+                        str(readonly_mount)], check=True)
+        args += ["--disk", f"readonly={readonly_mount}"]
+        agent = server_process(*args)
+        text = scrape(agent.url)
+        for name, path, reason in [("missing", missing, "missing"),
+                                   ("file", a_file, "not_directory"),
+                                   ("nvme", not_mount, "not_mounted"),
+                                   ("readonly", readonly_mount, "not_writable")]:
+            assert value(text, "colossalai_disk_path_ok", name=name, path=str(path)) == 0, name
+            assert value(text, "colossalai_disk_path_failure_info", name=name, path=str(path),
+                         reason=reason) == 1, (name, reason)
+        assert value(text, "colossalai_disk_path_ok", name="full", path=str(full)) == 1
+        assert value(text, "colossalai_disk_free_bytes", name="full", path=str(full)) == 0
+        assert value(text, "colossalai_disk_total_bytes", name="full", path=str(full)) == 1 << 20
+        # The disk collector itself is up: bad paths are data, not collector failures.
+        assert value(text, "colossalai_exporter_collector_up", collector="disk") == 1
+    finally:
+        for mount in (full, tmp_path / "ro"):
+            subprocess.run(["umount", str(mount)], check=False, capture_output=True)
+
+
+def test_mode_0555_directory_is_not_writable_for_non_root(tmp_path: Path) -> None:
+    """Root ignores permission bits (the read-only mount above covers root)."""
+    from colossalai_exporter.node.disk import WatchedPath, check_path
+
+    target = tmp_path / "locked"
+    target.mkdir(mode=0o555)
+    if os.geteuid() == 0:
+        assert check_path(WatchedPath("x", str(target))).ok
+    else:
+        assert check_path(WatchedPath("x", str(target))).reason == "not_writable"
+
+
+def test_rendezvous_closed_port_is_refused(server_process) -> None:
+    closed = free_port()
+    agent = server_process("node", NO_GPU, "--no-collector.disk",
+                           "--rendezvous.target", f"127.0.0.1:{closed}")
+    text = scrape(agent.url)
+    assert value(text, "colossalai_nccl_up", target=f"127.0.0.1:{closed}") == 0
+    assert value(text, "colossalai_nccl_failure_info", target=f"127.0.0.1:{closed}",
+                 reason="refused") == 1
+
+
+def test_master_addr_is_the_default_rendezvous_target(server_process, listener: int) -> None:
+    env = cli_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(listener))
+    agent = server_process("node", NO_GPU, "--no-collector.disk", env=env)
+    assert value(scrape(agent.url), "colossalai_nccl_up", target=f"127.0.0.1:{listener}") == 1
+
+
+def test_hung_mount_does_not_block_the_scrape() -> None:
+    """A stat that never returns (a hung NFS mount) is reported as timeout in time."""
+    import threading
+    import time
+
+    from colossalai_exporter.node import disk
+
+    release = threading.Event()
+    real = disk.check_path
+
+    def hanging(path: disk.WatchedPath) -> disk.PathStatus:
+        if path.name == "hung":
+            release.wait(30)
+        return real(path)
+
+    collector = disk.DiskCollector([disk.WatchedPath("hung", "/"), disk.WatchedPath("ok", "/")],
+                                   timeout=0.3)
+    original, disk.check_path = disk.check_path, hanging
+    try:
+        start = time.monotonic()
+        families = collector.collect(time.monotonic() + 5)
+        elapsed = time.monotonic() - start
+    finally:
+        disk.check_path = original
+        release.set()
+        collector.close()
+    assert elapsed < 1.0
+    failure = next(f for f in families if f.name == "colossalai_disk_path_failure")
+    assert [s.labels["reason"] for s in failure.samples] == ["timeout"]
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--frobnicate"], "unrecognized arguments: --frobnicate"),
+    (["--disk", "nopath"], "--disk 'nopath' must be NAME=PATH"),
+    (["--rendezvous.target", "host"], "must be HOST:PORT"),
+    (["--web.listen-address", "nonsense"], "must be HOST:PORT or :PORT"),
+    (["--web.listen-address", "127.0.0.1:99999"], "port must be 0-65535"),
+    (["--gpu.timeout", "-1"], "--gpu.timeout must be a positive number"),
+])
+def test_bad_flags_are_one_line_and_exit_2(args: list[str], needle: str) -> None:
+    result = run_cli("node", NO_GPU, *args)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("colossalai-exporter: error: "), lines
+    assert needle in lines[0]
+
+
+def test_bad_config_files_are_one_line_and_exit_2(tmp_path: Path) -> None:
+    bad_yaml = tmp_path / "bad.yml"
+    bad_yaml.write_text("disks: [\n  - {name: x\n")
+    unknown = tmp_path / "unknown.yml"
+    unknown.write_text("diskz: []\n")
+    bad_hash = tmp_path / "web.yml"
+    bad_hash.write_text("basic_auth_users:\n  prometheus: plaintext\n")
+    cases = [(["--config.file", str(bad_yaml)], "is not valid YAML at line"),
+             (["--config.file", str(unknown)], "unknown key 'diskz'"),
+             (["--web.config.file", str(bad_hash)], "is not a bcrypt hash")]
+    for args, needle in cases:
+        result = run_cli("node", NO_GPU, *args)
+        assert result.returncode == 2, (args, result.stderr)
+        lines = result.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0], lines
+
+
+def test_busy_listen_address_is_exit_2(listener: int) -> None:
+    result = run_cli("node", NO_GPU, "--web.listen-address", f"127.0.0.1:{listener}")
+    assert result.returncode == 2
+    assert "cannot listen" in result.stderr and "Address already in use" in result.stderr
+
+
+def test_config_file_with_flags_overriding(server_process, tmp_path: Path) -> None:
+    config = tmp_path / "node.yml"
+    config.write_text(f"disks:\n  - {{name: fromfile, path: {tmp_path}}}\n"
+                      "collectors: {rendezvous: false}\n")
+    agent = server_process("node", NO_GPU, "--config.file", str(config))
+    text = scrape(agent.url)
+    assert value(text, "colossalai_disk_path_ok", name="fromfile", path=str(tmp_path)) == 1
+    assert value(text, "colossalai_exporter_collector_up", collector="rendezvous") is None
+    agent2 = server_process("node", NO_GPU, "--config.file", str(config),
+                            "--disk", f"fromflag={tmp_path}")
+    text = scrape(agent2.url)
+    assert value(text, "colossalai_disk_path_ok", name="fromflag", path=str(tmp_path)) == 1
+    assert value(text, "colossalai_disk_path_ok", name="fromfile", path=str(tmp_path)) is None
+
+
+def test_sigterm_stops_cleanly(server_process) -> None:
+    agent = server_process("node", NO_GPU, "--no-collector.disk", "--no-collector.rendezvous")
+    assert agent.stop() == 0
