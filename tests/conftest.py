@@ -85,7 +85,8 @@ def http_get(url: str, timeout: float = 5.0,
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, dict(response.headers.items()), response.read()
     except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers), exc.read()
+        with exc:
+            return exc.code, dict(exc.headers.items()), exc.read()
 
 
 class ServerProcess:

@@ -99,6 +99,7 @@ def test_basic_auth_401_with_www_authenticate(tmp_path: Path,
                                                                headers=headers), timeout=5) as r:
                 return r.status, r.headers  # type: ignore[return-value]
         except urllib.error.HTTPError as exc:
+            exc.close()
             return exc.code, exc.headers  # type: ignore[return-value]
 
     assert get("prometheus:s3cret")[0] == 200
@@ -118,14 +119,17 @@ def test_body_cap_method_and_unknown_route(stop_later: list[web_server.ServerHan
     with pytest.raises(urllib.error.HTTPError) as too_large:
         urllib.request.urlopen(request, timeout=5)
     assert too_large.value.code == 413
+    too_large.value.close()
     with pytest.raises(urllib.error.HTTPError) as wrong_method:
         urllib.request.urlopen(urllib.request.Request(handle.url + "/hello", method="DELETE"),
                                timeout=5)
     assert wrong_method.value.code == 405
     assert wrong_method.value.headers["Allow"] == "GET, HEAD, POST"
+    wrong_method.value.close()
     with pytest.raises(urllib.error.HTTPError) as missing:
         urllib.request.urlopen(handle.url + "/nope", timeout=5)
     assert missing.value.code == 404
+    missing.value.close()
 
 
 def test_silent_client_is_disconnected_after_header_timeout(

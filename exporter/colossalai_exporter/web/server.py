@@ -90,13 +90,16 @@ class ServerHandle:
     sock: socket.socket
     scheme: str
 
+    def __post_init__(self) -> None:
+        self._address: tuple[str, int] = self.sock.getsockname()[:2]
+
     @property
     def port(self) -> int:
-        return int(self.sock.getsockname()[1])
+        return int(self._address[1])
 
     @property
     def url(self) -> str:
-        host = self.sock.getsockname()[0]
+        host = self._address[0]
         if host in ("0.0.0.0", "::"):
             host = "127.0.0.1"
         elif ":" in host:
@@ -106,6 +109,8 @@ class ServerHandle:
     def stop(self, timeout: float = GRACEFUL_SHUTDOWN_SECONDS + 5) -> None:
         self.server.should_exit = True
         self.thread.join(timeout)
+        # asyncio closed the listener's file descriptor; close our socket object too.
+        self.sock.close()
 
     def wait(self) -> None:
         """Block until the server stops; SIGTERM and SIGINT stop it gracefully."""
