@@ -15,6 +15,7 @@ from colossalai_exporter.node.host import HostCollector
 from colossalai_exporter.node.rendezvous import RendezvousCollector
 from colossalai_exporter.web import App, load_web_config, serve
 from colossalai_exporter.web.auth import BasicAuthenticator
+from colossalai_exporter.web.server import stop_on_signals
 
 log = logging.getLogger("colossalai_exporter.node")
 
@@ -58,10 +59,11 @@ def main(argv: list[str]) -> int:
     agent = Agent(build_collectors(config), scrape_timeout=config.scrape_timeout)
     app = App(authenticator=BasicAuthenticator(web_config.basic_auth_users),
               extra_headers=web_config.headers, max_body_bytes=0)
+    stop = stop_on_signals()
     try:
         handle = serve(build_app(agent, app), config.listen_address, web_config, name="node")
         threading.Thread(target=report_first_scrape, args=(agent,), daemon=True).start()
-        handle.wait()
+        handle.wait(stop)
     finally:
         agent.close()
     return 0

@@ -11,7 +11,12 @@
 from colossalai_exporter.web.app import App, Request, Response, json_response, text_response
 from colossalai_exporter.web.config import WebConfig, load_web_config
 from colossalai_exporter.web.metrics import metrics_response
-from colossalai_exporter.web.server import ServerHandle, parse_listen_address, serve
+from colossalai_exporter.web.server import (
+    ServerHandle,
+    parse_listen_address,
+    serve,
+    stop_on_signals,
+)
 
 __all__ = [
     "App",
@@ -24,5 +29,6 @@ __all__ = [
     "metrics_response",
     "parse_listen_address",
     "serve",
+    "stop_on_signals",
     "text_response",
 ]

@@ -112,22 +112,29 @@ class ServerHandle:
         # asyncio closed the listener's file descriptor; close our socket object too.
         self.sock.close()
 
-    def wait(self) -> None:
-        """Block until the server stops; SIGTERM and SIGINT stop it gracefully."""
-        stop = threading.Event()
-
-        def on_signal(signum: int, frame: FrameType | None) -> None:
-            log.info("shutting down", extra={"signal": signal.Signals(signum).name})
-            stop.set()
-
-        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            while not stop.is_set() and self.thread.is_alive():
-                stop.wait(0.5)
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
+    def wait(self, stop: threading.Event | None = None) -> None:
+        """Block until ``stop`` is set (see :func:`stop_on_signals`), then stop gracefully."""
+        stop = stop or stop_on_signals()
+        while not stop.is_set() and self.thread.is_alive():
+            stop.wait(0.5)
         self.stop()
+
+
+def stop_on_signals() -> threading.Event:
+    """An event that SIGTERM and SIGINT set.
+
+    Call it before the server starts listening, so a signal that arrives as soon as
+    the port answers is not lost to the default handler.
+    """
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("shutting down", extra={"signal": signal.Signals(signum).name})
+        stop.set()
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, on_signal)
+    return stop
 
 
 def serve(app: Any, listen_address: str, web_config: WebConfig | None = None,
