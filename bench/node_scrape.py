@@ -1,0 +1,123 @@
+"""Scrape latency, peak RSS and time-to-first-scrape: node agent vs node_exporter.
+
+Both run on this machine in one run, scraped alternately over loopback by the
+same client, so load from anything else falls on both alike. node_exporter is
+limited to its filesystem and meminfo collectors — the same ground the agent
+covers without a GPU (host memory and watched disks) — and the agent runs on
+defaults plus two watched paths (its gpu collector included: on a machine
+without a driver it fails fast with reason no_driver).
+
+    python bench/node_scrape.py --scrapes 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def first_scrape_seconds(cmd: list[str], url: str, env: dict[str, str]) -> tuple[
+        subprocess.Popen[bytes], float]:
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = start + 30
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return proc, time.monotonic() - start
+        except OSError:
+            time.sleep(0.002)
+    proc.kill()
+    raise SystemExit(f"{cmd[0]} did not answer {url} within 30 s")
+
+
+def peak_rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scrapes", type=int, default=300)
+    parser.add_argument("agent_args", nargs="*", help="extra flags for the agent")
+    args = parser.parse_args()
+    extra = args.agent_args
+    node_exporter = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
+    if not node_exporter:
+        raise SystemExit("prometheus-node-exporter not found (apt-get install it)")
+    ckpt = tempfile.mkdtemp()
+    env = dict(os.environ, PYTHONPATH=str(REPO / "exporter"))
+    ours_port, theirs_port = free_port(), free_port()
+    ours_cmd = [sys.executable, "-m", "colossalai_exporter", "node",
+                "--web.listen-address", f"127.0.0.1:{ours_port}",
+                "--disk", f"checkpoints={ckpt}", "--disk", "root=/",
+                "--log.level", "warn", *extra]
+    theirs_cmd = [node_exporter, f"--web.listen-address=127.0.0.1:{theirs_port}",
+                  "--collector.disable-defaults", "--collector.filesystem",
+                  "--collector.meminfo"]
+    ours, ours_first = first_scrape_seconds(
+        ours_cmd, f"http://127.0.0.1:{ours_port}/metrics", env)
+    theirs, theirs_first = first_scrape_seconds(
+        theirs_cmd, f"http://127.0.0.1:{theirs_port}/metrics", env)
+    timings: dict[str, list[float]] = {"colossalai-exporter node": [], "node_exporter": []}
+    urls = {"colossalai-exporter node": f"http://127.0.0.1:{ours_port}/metrics",
+            "node_exporter": f"http://127.0.0.1:{theirs_port}/metrics"}
+    sizes = {}
+    try:
+        for _ in range(args.scrapes):
+            for name, url in urls.items():  # alternate, so drift hits both
+                start = time.perf_counter()
+                with urllib.request.urlopen(url, timeout=10) as response:
+                    body = response.read()
+                timings[name].append(time.perf_counter() - start)
+                sizes[name] = sum(1 for line in body.decode().splitlines()
+                                  if line and not line.startswith("#"))
+        rss = {"colossalai-exporter node": peak_rss_bytes(ours.pid),
+               "node_exporter": peak_rss_bytes(theirs.pid)}
+    finally:
+        for proc in (ours, theirs):
+            proc.terminate()
+            proc.wait(10)
+    first = {"colossalai-exporter node": ours_first, "node_exporter": theirs_first}
+    print(f"{args.scrapes} scrapes each, alternating, loopback, {os.cpu_count()} cores\n")
+    print("| exporter | median scrape | p99 scrape | peak RSS | first scrape after start "
+          "| series |")
+    print("|---|---|---|---|---|---|")
+    for name, values in timings.items():
+        print(f"| {name} | {statistics.median(values) * 1e3:.2f} ms "
+              f"| {percentile(values, 0.99) * 1e3:.2f} ms | {rss[name] / 2**20:.1f} MiB "
+              f"| {first[name]:.3f} s | {sizes[name]} |")
+    ours_med = statistics.median(timings["colossalai-exporter node"])
+    theirs_med = statistics.median(timings["node_exporter"])
+    print(f"\nmedian ratio (ours/node_exporter): {ours_med / theirs_med:.2f}; "
+          f"RSS ratio: {rss['colossalai-exporter node'] / rss['node_exporter']:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
