@@ -20,7 +20,9 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
+import subprocess
 import threading
 import time
 
@@ -147,8 +149,9 @@ class GpuCollector:
                 if answer is not None:
                     return answer
         except (EOFError, OSError):
-            worker.process.join(0.1)
-            code = worker.process.exitcode
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                worker.process.wait(0.1)
+            code = worker.exitcode()
             worker.kill()
             self._worker = None
             self._start_worker()

@@ -3,11 +3,17 @@
 Why a process: an NVML call into a wedged GPU blocks inside the kernel driver
 and never returns; a thread stuck there can never be stopped, and every later
 scrape would queue behind it. A process can be abandoned and killed, and a
-fresh one started. The worker is started with multiprocessing's ``spawn``
-context: forking the agent, which runs HTTP server threads, could copy a lock
-held by another thread into the child.
+fresh one started.
 
-Messages over the pipe (all picklable builtins or :mod:`.protocol` types):
+The worker is a fresh interpreter running :func:`main`, started with
+:class:`subprocess.Popen` (which execs at once): forking the agent, which runs
+HTTP server threads, could copy a lock held by another thread into the child.
+Not multiprocessing's ``spawn`` context: it would also start its
+resource-tracker process (another 12 MB) that this worker never needs. Both
+ends speak through a socketpair wrapped in
+:class:`multiprocessing.connection.Connection` (length-prefixed pickles).
+
+Messages (all picklable builtins or :mod:`.protocol` types):
 
 - agent -> worker: ``("sample", request_id)`` or ``None`` to stop;
 - worker -> agent: ``("ready", 0, failure_or_None)`` once after its first
@@ -17,12 +23,14 @@ Messages over the pipe (all picklable builtins or :mod:`.protocol` types):
 from __future__ import annotations
 
 import contextlib
-import multiprocessing
 import os
+import socket
+import subprocess
+import sys
 import threading
 import time
 from multiprocessing.connection import Connection
-from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Any
 
 from colossalai_exporter.node.gpu.protocol import Failure, Reading
@@ -101,18 +109,30 @@ def _exit_when_orphaned() -> None:
     threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
 
 
+#: The source root holding this package, so the worker imports the same copy.
+_SOURCE_ROOT = str(Path(__file__).resolve().parents[3])
+#: The worker's ``-c`` program: our source root replaces the current directory
+#: (which ``-c`` would put first on sys.path) so no stray file there shadows
+#: pynvml or this package.
+_BOOT = ("import sys; sys.path[0] = sys.argv[1]; "
+         "from colossalai_exporter.node.gpu.worker import main; sys.exit(main(sys.argv[2:]))")
+
+
 class Worker:
-    """Agent-side handle of one worker process."""
+    """Agent-side handle of one worker process (started at construction, not awaited)."""
 
     def __init__(self, fake_scenario: str | None) -> None:
-        context = multiprocessing.get_context("spawn")
-        self.conn, child_conn = context.Pipe(duplex=True)
-        self.process: BaseProcess = context.Process(
-            target=worker_main, args=(child_conn, fake_scenario),
-            name="colossalai-exporter-nvml", daemon=True)
+        ours, theirs = socket.socketpair()
+        args = [sys.executable, "-c", _BOOT, _SOURCE_ROOT, str(theirs.fileno())]
+        if fake_scenario:
+            args.append(fake_scenario)
         self.started = time.monotonic()
-        self.process.start()
-        child_conn.close()  # so a dead worker reads as EOF on our end
+        try:
+            self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL,
+                                            pass_fds=(theirs.fileno(),))
+        finally:
+            theirs.close()  # so a dead worker reads as EOF on our end
+        self.conn = Connection(ours.detach())
         #: set once the worker answered its first initialisation
         self.ready = False
         #: id of the sample request not yet answered, if any
@@ -120,8 +140,11 @@ class Worker:
         self._next_id = 0
 
     @property
-    def pid(self) -> int | None:
+    def pid(self) -> int:
         return self.process.pid
+
+    def exitcode(self) -> int | None:
+        return self.process.poll()
 
     def request(self) -> int:
         self._next_id += 1
@@ -136,18 +159,27 @@ class Worker:
         """Kill without waiting: a process stuck in the driver may take a while to die."""
         with contextlib.suppress(OSError):
             self.conn.close()
-        if self.process.is_alive():
-            self.process.kill()
+        if self.process.poll() is None:
+            with contextlib.suppress(OSError):
+                self.process.kill()
 
     def stop(self, grace: float = 0.5) -> None:
         """Ask the worker to exit, killing it if it does not within ``grace``."""
         with contextlib.suppress(OSError):
             self.conn.send(None)
-        self.process.join(grace)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(grace)
         self.kill()
-        self.process.join(grace)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(grace)
 
     def reaped(self) -> bool:
         """True once the process has exited and been waited for."""
-        self.process.join(0)
-        return self.process.exitcode is not None
+        return self.process.poll() is not None
+
+
+def main(argv: list[str]) -> int:
+    """Worker command line: ``FD [FAKE_SCENARIO]`` (FD: our end of the socketpair)."""
+    conn = Connection(int(argv[0]))
+    worker_main(conn, argv[1] if len(argv) > 1 else None)
+    return 0
