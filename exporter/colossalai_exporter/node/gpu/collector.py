@@ -1,0 +1,279 @@
+"""The gpu collector: per-GPU memory, utilization, temperature, power, ECC and Xid.
+
+NVML runs in a :class:`~colossalai_exporter.node.gpu.worker.Worker` process.
+A scrape asks it for one reading and waits at most until its deadline (and at
+most ``timeout`` seconds). If no answer comes, the scrape fails with reason
+``timeout``, the worker is killed, and a fresh one is started at once, so the
+next scrape does not queue behind a call that may never return. See
+``docs/gpu.md`` for the whole design.
+
+Example::
+
+    collector = GpuCollector(timeout=5.0, expected=8)
+    try:
+        families = collector.collect(time.monotonic() + 5.0)
+    except CollectorError as exc:
+        print(exc.reason, exc.message)  # e.g. "no_driver no NVIDIA driver found (…)"
+    finally:
+        collector.close()
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import threading
+import time
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+)
+from prometheus_client.core import Metric as MetricFamily
+
+from colossalai_exporter import catalogue
+from colossalai_exporter.node.base import CollectorError
+from colossalai_exporter.node.gpu.protocol import (
+    FAKE_NVML_ENV,
+    MISSING_GPUS,
+    NVML_ERROR,
+    REASONS,
+    TIMEOUT,
+    WORKER_DIED,
+    GpuReading,
+    Reading,
+    XidEvent,
+)
+from colossalai_exporter.node.gpu.worker import Worker
+
+
+class GpuCollector:
+    """NVML through a worker process with a deadline; implements ``NodeCollector``.
+
+    :param timeout: the most one scrape waits for NVML, in seconds (the
+        agent's own deadline may cut it shorter).
+    :param expected: GPUs this node must have (``--gpu.expected``); fewer
+        visible is a failure with reason ``missing_gpus`` that still carries
+        the visible GPUs' series. ``None``: at least one GPU is expected.
+    :param fake_scenario: path of a :mod:`.fake_nvml` scenario (tests only);
+        by default taken from ``$COLOSSALAI_EXPORTER_FAKE_NVML``; unset means
+        the real ``pynvml``.
+    :param init_timeout: how long a *starting* worker may take to initialise
+        NVML before it is treated as stuck (``nvmlInit`` can take seconds per
+        GPU without persistence mode). Scrapes meanwhile fail with ``timeout``
+        after their own deadline but do not replace the worker.
+    :param max_stuck_workers: killed workers that have not exited yet (stuck in
+        an uninterruptible driver call) beyond which no new worker is started.
+
+    The worker is started by the constructor, without waiting for it.
+    """
+
+    name = "gpu"
+    reasons: tuple[str, ...] = REASONS
+
+    def __init__(self, timeout: float = 5.0, expected: int | None = None,
+                 fake_scenario: str | None = None, init_timeout: float = 30.0,
+                 max_stuck_workers: int = 3) -> None:
+        if not timeout > 0:
+            raise ValueError(f"gpu timeout must be positive, got {timeout!r}")
+        if expected is not None and expected < 0:
+            raise ValueError(f"expected GPU count must be 0 or more, got {expected!r}")
+        self.timeout = timeout
+        self.expected = expected
+        self.init_timeout = max(init_timeout, timeout)
+        self.max_stuck_workers = max_stuck_workers
+        self.fake_scenario = (fake_scenario if fake_scenario is not None
+                              else os.environ.get(FAKE_NVML_ENV) or None)
+        self._lock = threading.Lock()
+        self._worker: Worker | None = None
+        self._stuck: list[Worker] = []
+        self._closed = False
+        # Xid history lives here, not in the worker: it survives worker restarts.
+        self._xid_counts: dict[int, int] = {}
+        self._last_xid: dict[int, XidEvent] = {}
+        self._start_worker()
+
+    # -- NodeCollector -------------------------------------------------------
+    def collect(self, deadline: float) -> list[MetricFamily]:
+        """Fresh GPU families, or CollectorError, returning before ``deadline``."""
+        now = time.monotonic()
+        end = min(deadline, now + self.timeout)
+        # Concurrent scrapes take turns; none waits past its own deadline.
+        if not self._lock.acquire(timeout=max(0.0, end - now)):
+            raise CollectorError(TIMEOUT, "another scrape is still waiting for NVML")
+        try:
+            reading = self._sample(end)
+        finally:
+            self._lock.release()
+        return self._families(reading)
+
+    def close(self) -> None:
+        """Stop the worker and kill any stuck ones."""
+        self._closed = True
+        worker, self._worker = self._worker, None
+        if worker is not None:
+            worker.stop()
+        for stuck in self._stuck:
+            stuck.kill()
+        self._stuck = []
+
+    # -- talking to the worker ------------------------------------------------
+    def _start_worker(self) -> Worker | None:
+        self._stuck = [w for w in self._stuck if not w.reaped()]
+        if self._closed or len(self._stuck) >= self.max_stuck_workers:
+            return None
+        self._worker = Worker(self.fake_scenario)
+        return self._worker
+
+    def _sample(self, end: float) -> Reading:
+        if self._closed:
+            raise CollectorError(NVML_ERROR, "the gpu collector is closed")
+        worker = self._worker or self._start_worker()
+        if worker is None:
+            raise CollectorError(TIMEOUT, f"{len(self._stuck)} NVML workers are stuck in the "
+                                          "driver and could not be killed; not starting another")
+        try:
+            # Answers already waiting were asked for by a scrape that gave up:
+            # their Xid events count, their values are stale.
+            while worker.conn.poll(0):
+                self._receive(worker)
+            if worker.pending is None:
+                worker.request()
+            while True:
+                remaining = end - time.monotonic()
+                if remaining <= 0 or not worker.conn.poll(remaining):
+                    raise self._timed_out(worker)
+                answer = self._receive(worker)
+                if answer is not None:
+                    return answer
+        except (EOFError, OSError):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                worker.process.wait(0.1)
+            code = worker.exitcode()
+            worker.kill()
+            self._worker = None
+            self._start_worker()
+            raise CollectorError(WORKER_DIED, f"the NVML worker (pid {worker.pid}) exited "
+                                              f"unexpectedly (exit code {code}); a fresh one "
+                                              "was started") from None
+
+    def _receive(self, worker: Worker) -> Reading | None:
+        """Read one message; the Reading if it answers the pending request."""
+        kind, request_id, payload = worker.conn.recv()
+        if kind == "ready":
+            worker.ready = True
+            return None
+        assert isinstance(payload, Reading)
+        worker.ready = True
+        self._count_xids(payload.xids)
+        if request_id != worker.pending:
+            return None
+        worker.pending = None
+        return payload
+
+    def _timed_out(self, worker: Worker) -> CollectorError:
+        age = worker.age()
+        if not worker.ready and age < self.init_timeout:
+            return CollectorError(TIMEOUT, f"NVML is still initialising ({age:.1f}s since the "
+                                           f"worker started; it is replaced only after "
+                                           f"{self.init_timeout:g}s)")
+        worker.kill()
+        self._stuck.append(worker)
+        self._worker = None
+        started = self._start_worker()
+        then = ("a fresh one was started" if started is not None
+                else "too many stuck workers to start another")
+        return CollectorError(TIMEOUT, f"NVML did not answer within the deadline; the stuck "
+                                       f"worker (pid {worker.pid}) was killed and {then}")
+
+    def _count_xids(self, events: tuple[XidEvent, ...]) -> None:
+        for event in events:
+            self._xid_counts[event.gpu] = self._xid_counts.get(event.gpu, 0) + 1
+            self._last_xid[event.gpu] = event
+
+    # -- families -------------------------------------------------------------
+    def _families(self, reading: Reading) -> list[MetricFamily]:
+        if reading.failure is not None:
+            raise CollectorError(reading.failure.reason, reading.failure.message)
+        families = self._build(reading)
+        visible = len(reading.gpus)
+        if self.expected is not None and visible < self.expected:
+            raise CollectorError(MISSING_GPUS, f"{visible} of {self.expected} expected GPUs are "
+                                               "visible to NVML", families)
+        if self.expected is None and visible == 0:
+            raise CollectorError(MISSING_GPUS, "the NVIDIA driver is loaded but NVML reports no "
+                                               "GPUs", families)
+        return families
+
+    def _build(self, reading: Reading) -> list[MetricFamily]:
+        devices = _gauge("colossalai_gpu_devices")
+        devices.add_metric([], len(reading.gpus))
+        families: list[MetricFamily] = [devices]
+        if self.expected is not None:
+            expected = _gauge("colossalai_gpu_expected_devices")
+            expected.add_metric([], self.expected)
+            families.append(expected)
+        info = _info("colossalai_gpu_info")
+        for gpu in reading.gpus:
+            info.add_metric([str(gpu.index), gpu.uuid, gpu.name, reading.driver_version], {})
+        families.append(info)
+        families.extend(self._per_gpu(reading.gpus))
+        return [family for family in families if family.samples or family is devices]
+
+    def _per_gpu(self, gpus: tuple[GpuReading, ...]) -> list[MetricFamily]:
+        used = _gauge("colossalai_gpu_memory_used_bytes")
+        total = _gauge("colossalai_gpu_memory_total_bytes")
+        percent = _gauge("colossalai_gpu_memory_used_percent")
+        utilization = _gauge("colossalai_gpu_utilization_ratio")
+        temperature = _gauge("colossalai_gpu_temperature_celsius")
+        power = _gauge("colossalai_gpu_power_watts")
+        ecc = _counter("colossalai_gpu_ecc_errors_total")
+        xids = _counter("colossalai_gpu_xid_errors_total")
+        last_xid = _gauge("colossalai_gpu_last_xid")
+        last_xid_at = _gauge("colossalai_gpu_last_xid_timestamp_seconds")
+        for gpu in gpus:
+            label = [str(gpu.index)]
+            if gpu.memory_used_bytes is not None and gpu.memory_total_bytes is not None:
+                used.add_metric(label, gpu.memory_used_bytes)
+                total.add_metric(label, gpu.memory_total_bytes)
+                if gpu.memory_total_bytes > 0:
+                    percent.add_metric(label, 100.0 * gpu.memory_used_bytes
+                                       / gpu.memory_total_bytes)
+            if gpu.utilization_percent is not None:
+                utilization.add_metric(label, gpu.utilization_percent / 100.0)
+            if gpu.temperature_celsius is not None:
+                temperature.add_metric(label, gpu.temperature_celsius)
+            if gpu.power_milliwatts is not None:
+                power.add_metric(label, gpu.power_milliwatts / 1000.0)
+            if gpu.ecc_corrected is not None:
+                ecc.add_metric([*label, "corrected"], gpu.ecc_corrected)
+            if gpu.ecc_uncorrected is not None:
+                ecc.add_metric([*label, "uncorrected"], gpu.ecc_uncorrected)
+            if gpu.xid_watched or gpu.index in self._xid_counts:
+                xids.add_metric(label, self._xid_counts.get(gpu.index, 0))
+            event = self._last_xid.get(gpu.index)
+            if event is not None:
+                last_xid.add_metric(label, event.code)
+                last_xid_at.add_metric(label, event.seen_at)
+        return [used, total, percent, utilization, temperature, power, ecc, xids, last_xid,
+                last_xid_at]
+
+
+def _gauge(name: str) -> GaugeMetricFamily:
+    family = catalogue.family(name)
+    assert isinstance(family, GaugeMetricFamily), name
+    return family
+
+
+def _counter(name: str) -> CounterMetricFamily:
+    family = catalogue.family(name)
+    assert isinstance(family, CounterMetricFamily), name
+    return family
+
+
+def _info(name: str) -> InfoMetricFamily:
+    family = catalogue.family(name)
+    assert isinstance(family, InfoMetricFamily), name
+    return family

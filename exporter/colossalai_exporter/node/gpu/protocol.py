@@ -1,0 +1,72 @@
+"""What the NVML worker sends back: plain, picklable readings and failure reasons.
+
+Both sides import this module; it imports nothing outside the standard
+library, so the worker process stays small.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+#: Environment variable naming a JSON scenario file: when set, the worker uses
+#: :mod:`.fake_nvml` instead of the real ``pynvml``. For tests only.
+FAKE_NVML_ENV = "COLOSSALAI_EXPORTER_FAKE_NVML"
+
+TIMEOUT = "timeout"
+NO_DRIVER = "no_driver"
+GPU_LOST = "gpu_lost"
+MISSING_GPUS = "missing_gpus"
+NVML_ERROR = "nvml_error"
+WORKER_DIED = "worker_died"
+
+#: Every reason the gpu collector's CollectorError can carry.
+REASONS: tuple[str, ...] = (TIMEOUT, NO_DRIVER, GPU_LOST, MISSING_GPUS, NVML_ERROR, WORKER_DIED)
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU's values from one sample; ``None`` where NVML said NotSupported."""
+
+    index: int
+    uuid: str
+    name: str
+    memory_used_bytes: int | None = None
+    memory_total_bytes: int | None = None
+    utilization_percent: float | None = None
+    temperature_celsius: float | None = None
+    power_milliwatts: int | None = None
+    ecc_corrected: int | None = None
+    ecc_uncorrected: int | None = None
+    #: whether critical Xid events are registered for this GPU
+    xid_watched: bool = False
+
+
+@dataclass(frozen=True)
+class XidEvent:
+    """A critical Xid event, stamped with the wall-clock time the worker read it."""
+
+    gpu: int
+    code: int
+    seen_at: float
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a sample failed: one of :data:`REASONS` and a readable message."""
+
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Reading:
+    """The worker's answer to one sample request.
+
+    ``xids`` are the events read before the sample finished or failed: they
+    count even when ``failure`` is set or when the reading itself is stale.
+    """
+
+    gpus: tuple[GpuReading, ...] = ()
+    driver_version: str = ""
+    xids: tuple[XidEvent, ...] = ()
+    failure: Failure | None = None

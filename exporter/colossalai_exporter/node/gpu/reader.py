@@ -1,0 +1,202 @@
+"""Read GPUs through an NVML module (``pynvml`` or :mod:`.fake_nvml`); runs in the worker.
+
+:class:`NvmlReader` keeps NVML initialised between samples (``nvmlInit`` can
+take seconds per GPU when persistence mode is off), caches what does not change
+(UUIDs, names, driver version, device handles) and registers every GPU for
+critical Xid events once per initialisation. A sample that meets
+``NVML_ERROR_GPU_IS_LOST`` shuts NVML down so the next one re-initialises it:
+handles of a GPU that fell off the bus stay invalid until then.
+
+Per-metric ``NotSupported`` (and ``FunctionNotFound`` from older drivers) only
+leaves that value out for that GPU; other NVML errors fail the sample.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from colossalai_exporter.node.gpu.protocol import (
+    GPU_LOST,
+    NO_DRIVER,
+    NVML_ERROR,
+    Failure,
+    GpuReading,
+    Reading,
+    XidEvent,
+)
+
+#: Events read per sample at most, so an event storm cannot stretch a sample.
+MAX_EVENTS_PER_SAMPLE = 256
+
+
+class _Lost(Exception):
+    """A GPU is lost: NVML must be shut down and initialised again."""
+
+
+class NvmlReader:
+    """Samples every visible GPU through ``nvml``, a module with pynvml's API."""
+
+    def __init__(self, nvml: Any) -> None:
+        self.nvml = nvml
+        self._initialised = False
+        self._driver_version = ""
+        self._devices: list[tuple[Any, str, str]] = []  # (handle, uuid, name) by index
+        self._event_set: Any = None
+        self._watched: set[int] = set()
+
+    # -- lifecycle -----------------------------------------------------------
+    def initialise(self) -> Failure | None:
+        """Initialise NVML and cache the devices; a Failure instead of raising."""
+        if self._initialised:
+            return None
+        nvml = self.nvml
+        try:
+            nvml.nvmlInit()
+        except nvml.NVMLError as exc:
+            return self._failure(exc, "nvmlInit")
+        self._initialised = True
+        try:
+            self._driver_version = _text(nvml.nvmlSystemGetDriverVersion())
+            count = int(nvml.nvmlDeviceGetCount())
+            devices = []
+            for index in range(count):
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                devices.append((handle, _text(nvml.nvmlDeviceGetUUID(handle)),
+                                _text(nvml.nvmlDeviceGetName(handle))))
+            self._devices = devices
+            self._register_xid_events()
+        except nvml.NVMLError as exc:
+            failure = self._failure(exc, "enumerating GPUs")
+            self.shutdown()
+            return failure
+        return None
+
+    def shutdown(self) -> None:
+        """Release the event set and NVML; errors are ignored (the GPU may be gone)."""
+        nvml = self.nvml
+        if self._event_set is not None:
+            with contextlib.suppress(nvml.NVMLError):
+                nvml.nvmlEventSetFree(self._event_set)
+        if self._initialised:
+            with contextlib.suppress(nvml.NVMLError):
+                nvml.nvmlShutdown()
+        self._initialised = False
+        self._event_set = None
+        self._watched = set()
+        self._devices = []
+
+    def _register_xid_events(self) -> None:
+        nvml = self.nvml
+        try:
+            self._event_set = nvml.nvmlEventSetCreate()
+        except nvml.NVMLError as exc:
+            if _omittable(nvml, exc):
+                return
+            raise
+        for index, (handle, _, _) in enumerate(self._devices):
+            try:
+                nvml.nvmlDeviceRegisterEvents(handle, nvml.nvmlEventTypeXidCriticalError,
+                                              self._event_set)
+            except nvml.NVMLError as exc:
+                # Some GPUs (and vGPUs) cannot deliver Xid events; they simply
+                # have no Xid series.
+                if not _omittable(nvml, exc):
+                    raise
+            else:
+                self._watched.add(index)
+
+    # -- sampling ------------------------------------------------------------
+    def sample(self) -> Reading:
+        """One reading of every GPU, or a Reading whose ``failure`` says why not."""
+        failure = self.initialise()
+        if failure is not None:
+            return Reading(failure=failure)
+        nvml = self.nvml
+        xids: list[XidEvent] = []
+        step = "reading Xid events"
+        try:
+            self._read_events(xids)
+            gpus = []
+            for index, (handle, uuid, name) in enumerate(self._devices):
+                step = f"reading GPU {index}"
+                gpus.append(self._read_gpu(index, handle, uuid, name))
+        except nvml.NVMLError as exc:
+            failure = self._failure(exc, step)
+            if failure.reason == GPU_LOST or _value(exc) == nvml.NVML_ERROR_UNINITIALIZED:
+                self.shutdown()
+            return Reading(xids=tuple(xids), failure=failure)
+        return Reading(gpus=tuple(gpus), driver_version=self._driver_version, xids=tuple(xids))
+
+    def _read_events(self, into: list[XidEvent]) -> None:
+        nvml = self.nvml
+        if self._event_set is None:
+            return
+        for _ in range(MAX_EVENTS_PER_SAMPLE):
+            try:
+                data = nvml.nvmlEventSetWait_v2(self._event_set, 0)
+            except nvml.NVMLError as exc:
+                if _value(exc) == nvml.NVML_ERROR_TIMEOUT:
+                    return  # no event pending: the normal case
+                raise
+            if not int(data.eventType) & nvml.nvmlEventTypeXidCriticalError:
+                continue
+            into.append(XidEvent(gpu=int(nvml.nvmlDeviceGetIndex(data.device)),
+                                 code=int(data.eventData), seen_at=time.time()))
+
+    def _read_gpu(self, index: int, handle: Any, uuid: str, name: str) -> GpuReading:
+        nvml = self.nvml
+        memory = self._optional(nvml.nvmlDeviceGetMemoryInfo, handle)
+        utilization = self._optional(nvml.nvmlDeviceGetUtilizationRates, handle)
+        temperature = self._optional(nvml.nvmlDeviceGetTemperature, handle,
+                                     nvml.NVML_TEMPERATURE_GPU)
+        power = self._optional(nvml.nvmlDeviceGetPowerUsage, handle)
+        corrected = self._optional(nvml.nvmlDeviceGetTotalEccErrors, handle,
+                                   nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED, nvml.NVML_AGGREGATE_ECC)
+        uncorrected = self._optional(nvml.nvmlDeviceGetTotalEccErrors, handle,
+                                     nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                                     nvml.NVML_AGGREGATE_ECC)
+        return GpuReading(
+            index=index, uuid=uuid, name=name,
+            memory_used_bytes=None if memory is None else int(memory.used),
+            memory_total_bytes=None if memory is None else int(memory.total),
+            utilization_percent=None if utilization is None else float(utilization.gpu),
+            temperature_celsius=None if temperature is None else float(temperature),
+            power_milliwatts=None if power is None else int(power),
+            ecc_corrected=None if corrected is None else int(corrected),
+            ecc_uncorrected=None if uncorrected is None else int(uncorrected),
+            xid_watched=index in self._watched,
+        )
+
+    def _optional(self, function: Any, *args: Any) -> Any:
+        """``function(*args)``, or None where this GPU or driver does not support it."""
+        try:
+            return function(*args)
+        except self.nvml.NVMLError as exc:
+            if _omittable(self.nvml, exc):
+                return None
+            raise
+
+    def _failure(self, exc: Exception, step: str) -> Failure:
+        nvml = self.nvml
+        value = _value(exc)
+        if value in (nvml.NVML_ERROR_LIBRARY_NOT_FOUND, nvml.NVML_ERROR_DRIVER_NOT_LOADED):
+            return Failure(NO_DRIVER, f"no NVIDIA driver found (NVML: {exc})")
+        if value == nvml.NVML_ERROR_GPU_IS_LOST:
+            return Failure(GPU_LOST, f"{step}: NVML says the GPU is lost (fell off the bus?); "
+                                     "NVML is re-initialised at the next scrape")
+        return Failure(NVML_ERROR, f"{step}: NVML error {value}: {exc}")
+
+
+def _omittable(nvml: Any, exc: Exception) -> bool:
+    return _value(exc) in (nvml.NVML_ERROR_NOT_SUPPORTED, nvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+
+def _value(exc: Exception) -> int | None:
+    value = getattr(exc, "value", None)
+    return value if isinstance(value, int) else None
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)

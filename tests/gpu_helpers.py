@@ -1,0 +1,71 @@
+"""Helpers for the gpu collector tests: fake NVML scenarios and reading families."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import Metric
+
+
+def gpu(index: int, **overrides: Any) -> dict[str, Any]:
+    """A fully supported fake GPU; ``overrides`` change or (with None) drop keys."""
+    spec: dict[str, Any] = {
+        "name": "NVIDIA H100 80GB HBM3",
+        "uuid": f"GPU-{index:08x}-1111-2222-3333-444455556666",
+        "memory_total": 80 * 2**30,
+        "memory_used": (index + 1) * 2**30,
+        "utilization": 10 * index,
+        "temperature": 40 + index,
+        "power_mw": 100_000 + 1000 * index,
+        "ecc": {"corrected": index, "uncorrected": 0},
+    }
+    for key, value in overrides.items():
+        if value is None:
+            spec.pop(key, None)
+        else:
+            spec[key] = value
+    return spec
+
+
+class Scenario:
+    """A fake NVML scenario file that a test rewrites while the worker reads it."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.data: dict[str, Any] = {}
+
+    def write(self, **data: Any) -> Scenario:
+        self.data = data
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data), encoding="utf-8")
+        # A rename is atomic, so the worker never reads half a file.
+        os.replace(tmp, self.path)
+        return self
+
+    def update(self, **data: Any) -> Scenario:
+        return self.write(**{**self.data, **data})
+
+
+def registry_of(families: Sequence[Metric]) -> CollectorRegistry:
+    """A registry serving exactly ``families``, for get_sample_value and exposition."""
+
+    class Fixed:
+        def collect(self) -> Sequence[Metric]:
+            return families
+
+    registry = CollectorRegistry()
+    registry.register(Fixed())  # type: ignore[arg-type]
+    return registry
+
+
+def exposition(families: Sequence[Metric]) -> str:
+    return generate_latest(registry_of(families)).decode()
+
+
+def series(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line and not line.startswith("#")]

@@ -1,0 +1,375 @@
+"""The gpu collector against the fake NVML, with real worker processes.
+
+Every test starts real spawned worker processes; deadlines are short (0.5-1 s)
+so hangs are proven quickly.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from colossalai_exporter import catalogue
+from colossalai_exporter.node.base import CollectorError
+from colossalai_exporter.node.gpu import GpuCollector
+from colossalai_exporter.node.gpu.protocol import REASONS
+from conftest import require_binary, wait_until
+from gpu_helpers import Scenario, exposition, gpu, registry_of, series
+
+MARGIN = 0.4  # scheduling slack on a busy 2-core machine
+
+Make = Callable[..., GpuCollector]
+
+
+@pytest.fixture
+def scenario(tmp_path: Path) -> Scenario:
+    return Scenario(tmp_path / "nvml.json").write(gpus=[gpu(0), gpu(1)])
+
+
+@pytest.fixture
+def make(scenario: Scenario) -> Iterator[Make]:
+    made: list[GpuCollector] = []
+
+    def make(**kwargs: Any) -> GpuCollector:
+        kwargs.setdefault("fake_scenario", str(scenario.path))
+        kwargs.setdefault("timeout", 1.0)
+        collector = GpuCollector(**kwargs)
+        made.append(collector)
+        return collector
+
+    yield make
+    for collector in made:
+        collector.close()
+
+
+def collect(collector: GpuCollector, budget: float = 2.0) -> Any:
+    return registry_of(collector.collect(time.monotonic() + budget))
+
+
+def failure(collector: GpuCollector, budget: float = 2.0) -> CollectorError:
+    with pytest.raises(CollectorError) as info:
+        collector.collect(time.monotonic() + budget)
+    assert info.value.reason in REASONS
+    return info.value
+
+
+def worker_pid(collector: GpuCollector) -> int:
+    worker = collector._worker
+    assert worker is not None
+    assert worker.pid is not None
+    return worker.pid
+
+
+def gone(pid: int) -> bool:
+    """True once ``pid`` is not a live process (a reaped or zombie one counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+def test_reports_every_gpu_with_nvml_values_in_base_units(scenario: Scenario,
+                                                          make: Make) -> None:
+    scenario.write(driver_version="550.54.15", gpus=[
+        gpu(0, memory_used=20 * 2**30, utilization=37, temperature=55, power_mw=250_500,
+            ecc={"corrected": 3, "uncorrected": 1}),
+        # A consumer card: no ECC, no power reading (NVML says NotSupported).
+        gpu(1, name="NVIDIA GeForce RTX 4090", ecc=None, power_mw=None),
+    ])
+    reg = collect(make())
+    g0, g1 = {"gpu": "0"}, {"gpu": "1"}
+    assert reg.get_sample_value("colossalai_gpu_devices") == 2
+    assert reg.get_sample_value("colossalai_gpu_expected_devices") is None
+    assert reg.get_sample_value("colossalai_gpu_memory_used_bytes", g0) == 20 * 2**30
+    assert reg.get_sample_value("colossalai_gpu_memory_total_bytes", g0) == 80 * 2**30
+    assert reg.get_sample_value("colossalai_gpu_memory_used_percent", g0) == 25.0
+    assert reg.get_sample_value("colossalai_gpu_utilization_ratio", g0) == 0.37
+    assert reg.get_sample_value("colossalai_gpu_temperature_celsius", g0) == 55
+    assert reg.get_sample_value("colossalai_gpu_power_watts", g0) == 250.5
+    assert reg.get_sample_value("colossalai_gpu_ecc_errors_total",
+                                {"gpu": "0", "type": "corrected"}) == 3
+    assert reg.get_sample_value("colossalai_gpu_ecc_errors_total",
+                                {"gpu": "0", "type": "uncorrected"}) == 1
+    assert reg.get_sample_value("colossalai_gpu_info", {
+        "gpu": "1", "uuid": gpu(1)["uuid"], "name": "NVIDIA GeForce RTX 4090",
+        "driver_version": "550.54.15"}) == 1
+    # NotSupported leaves out that value for that GPU only.
+    assert reg.get_sample_value("colossalai_gpu_power_watts", g1) is None
+    assert reg.get_sample_value("colossalai_gpu_ecc_errors_total",
+                                {"gpu": "1", "type": "corrected"}) is None
+    assert reg.get_sample_value("colossalai_gpu_temperature_celsius", g1) == 41
+    assert reg.get_sample_value("colossalai_gpu_xid_errors_total", g1) == 0
+    assert reg.get_sample_value("colossalai_gpu_last_xid", g0) is None
+
+
+def test_values_follow_the_hardware_live(scenario: Scenario, make: Make) -> None:
+    collector = make()
+    assert collect(collector).get_sample_value("colossalai_gpu_temperature_celsius",
+                                               {"gpu": "0"}) == 40
+    scenario.write(gpus=[gpu(0, temperature=88), gpu(1)])
+    reg = collect(collector)
+    assert reg.get_sample_value("colossalai_gpu_temperature_celsius", {"gpu": "0"}) == 88
+    # A GPU vanishing under its handle reads as lost; the re-initialised NVML
+    # then enumerates what is left.
+    scenario.write(gpus=[gpu(0)])
+    assert failure(collector).reason == "gpu_lost"
+    assert collect(collector).get_sample_value("colossalai_gpu_devices") == 1
+
+
+def test_eight_gpus_stay_within_the_series_budget_and_lint_clean(scenario: Scenario,
+                                                                 make: Make) -> None:
+    scenario.write(gpus=[gpu(i) for i in range(8)])
+    collector = make(expected=8)
+    collector.collect(time.monotonic() + 2)
+    # Every GPU with an Xid, so the optional last-Xid series are all there too.
+    scenario.update(xid=[{"id": i, "gpu": i, "code": 79} for i in range(8)])
+    text = exposition(collector.collect(time.monotonic() + 2))
+    lines = series(text)
+    assert len(lines) <= 120, len(lines)
+    assert len(lines) == 2 + 8 * 12  # devices, expected; 12 per GPU with ECC and Xid
+    served = {line.split("{")[0].split(" ")[0] for line in lines}
+    assert served <= catalogue.known_sample_names()
+    promtool = require_binary("promtool")
+    check = subprocess.run([promtool, "check", "metrics"], input=text, text=True,
+                           capture_output=True, timeout=30, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+@pytest.mark.parametrize(("where", "code", "reason"), [
+    ("nvmlInit", 9, "no_driver"),            # DRIVER_NOT_LOADED: kernel module absent
+    ("nvmlInit", 12, "no_driver"),           # LIBRARY_NOT_FOUND: no libnvidia-ml
+    ("nvmlInit", 18, "nvml_error"),          # LIB_RM_VERSION_MISMATCH: upgraded, no reboot
+    ("nvmlDeviceGetMemoryInfo", 999, "nvml_error"),   # UNKNOWN in a per-GPU read
+    ("nvmlDeviceGetCount", 4, "nvml_error"),           # NO_PERMISSION
+])
+def test_nvml_errors_become_reasons(scenario: Scenario, make: Make, where: str, code: int,
+                                    reason: str) -> None:
+    scenario.write(gpus=[gpu(0)], errors={where: code})
+    error = failure(make())
+    assert error.reason == reason
+    assert error.families == []
+    if reason == "no_driver":
+        assert "no NVIDIA driver found" in error.message
+    else:
+        assert f"NVML error {code}" in error.message
+
+
+def test_recovers_when_the_error_clears_without_a_new_worker(scenario: Scenario,
+                                                             make: Make) -> None:
+    scenario.write(gpus=[gpu(0)], errors={"nvmlInit": 9})
+    collector = make()
+    assert failure(collector).reason == "no_driver"
+    pid = worker_pid(collector)
+    scenario.write(gpus=[gpu(0)])  # the driver got loaded
+    assert collect(collector).get_sample_value("colossalai_gpu_devices") == 1
+    assert worker_pid(collector) == pid
+
+
+def test_lost_gpu_fails_that_scrape_then_nvml_is_reinitialised(scenario: Scenario,
+                                                               make: Make) -> None:
+    collector = make()
+    collect(collector)
+    pid = worker_pid(collector)
+    # The fake recovers a lost GPU only for handles from a later nvmlInit: the
+    # next scrape succeeds only if the worker shut NVML down and re-initialised it.
+    scenario.write(gpus=[gpu(0), gpu(1, lost=True)])
+    error = failure(collector)
+    assert error.reason == "gpu_lost"
+    assert "GPU 1" in error.message
+    reg = collect(collector)
+    assert reg.get_sample_value("colossalai_gpu_devices") == 2
+    assert reg.get_sample_value("colossalai_gpu_memory_used_bytes", {"gpu": "1"}) == 2 * 2**30
+    assert worker_pid(collector) == pid  # re-initialised in place, not replaced
+
+
+def test_hung_nvml_times_out_and_the_next_scrape_is_not_blocked(scenario: Scenario,
+                                                                make: Make) -> None:
+    collector = make(timeout=0.5)
+    collect(collector)
+    hung_pid = worker_pid(collector)
+    scenario.write(gpus=[gpu(0)], hang="nvmlDeviceGetMemoryInfo")
+
+    start = time.monotonic()
+    error = failure(collector, budget=5.0)  # the collector's own 0.5 s bounds it
+    assert error.reason == "timeout"
+    assert time.monotonic() - start < 0.5 + MARGIN
+    assert "killed" in error.message
+    wait_until(lambda: gone(hung_pid), 5, what="the stuck worker to be killed")
+
+    # Still hanging: the next scrape fails within its own deadline too.
+    start = time.monotonic()
+    assert failure(collector, budget=0.5).reason == "timeout"
+    assert time.monotonic() - start < 0.5 + MARGIN
+
+    scenario.write(gpus=[gpu(0)])  # the GPU answers again
+    start = time.monotonic()
+    reg = collect(collector, budget=1.0)
+    assert time.monotonic() - start < 1.0 + MARGIN
+    assert reg.get_sample_value("colossalai_gpu_devices") == 1
+
+
+def test_a_scrape_arriving_during_a_hang_waits_at_most_its_own_deadline(
+        scenario: Scenario, make: Make) -> None:
+    collector = make(timeout=1.5)
+    collect(collector)
+    scenario.write(gpus=[gpu(0)], hang="nvmlDeviceGetTemperature")
+    first: list[BaseException] = []
+
+    def scrape() -> None:
+        try:
+            collector.collect(time.monotonic() + 1.5)
+        except CollectorError as exc:
+            first.append(exc)
+
+    thread = threading.Thread(target=scrape)
+    thread.start()
+    time.sleep(0.1)  # let the first scrape take its turn with the worker
+    start = time.monotonic()
+    error = failure(collector, budget=0.3)
+    assert error.reason == "timeout"
+    assert time.monotonic() - start < 0.3 + MARGIN
+    thread.join(5)
+    assert [e.reason for e in first if isinstance(e, CollectorError)] == ["timeout"]
+
+
+def test_slow_nvml_init_is_waited_for_then_replaced(scenario: Scenario, make: Make) -> None:
+    # nvmlInit can take seconds without persistence mode: a starting worker is
+    # given init_timeout before it counts as stuck.
+    scenario.write(gpus=[gpu(0)], hang="nvmlInit")
+    collector = make(timeout=0.3, init_timeout=1.0)
+    pid = worker_pid(collector)
+    error = failure(collector)
+    assert error.reason == "timeout"
+    assert "still initialising" in error.message
+    assert worker_pid(collector) == pid
+    time.sleep(max(0.0, 1.0 - collector._worker.age()) if collector._worker else 0)
+    error = failure(collector)
+    assert error.reason == "timeout"
+    assert "killed" in error.message
+    wait_until(lambda: gone(pid), 5, what="the stuck worker to be killed")
+    scenario.write(gpus=[gpu(0)])
+    assert collect(collector).get_sample_value("colossalai_gpu_devices") == 1
+
+
+def test_a_crashed_worker_is_reported_and_replaced(make: Make) -> None:
+    collector = make()
+    collect(collector)
+    pid = worker_pid(collector)
+    os.kill(pid, signal.SIGKILL)
+    wait_until(lambda: gone(pid), 5, what="the worker to die")
+    error = failure(collector)
+    assert error.reason == "worker_died"
+    assert str(pid) in error.message
+    assert collect(collector).get_sample_value("colossalai_gpu_devices") == 2
+    assert worker_pid(collector) != pid
+
+
+def test_fewer_gpus_than_expected_fail_but_serve_the_visible_ones(scenario: Scenario,
+                                                                  make: Make) -> None:
+    error = failure(make(expected=4))
+    assert error.reason == "missing_gpus"
+    assert error.message == "2 of 4 expected GPUs are visible to NVML"
+    reg = registry_of(error.families)
+    assert reg.get_sample_value("colossalai_gpu_devices") == 2
+    assert reg.get_sample_value("colossalai_gpu_expected_devices") == 4
+    assert reg.get_sample_value("colossalai_gpu_memory_used_bytes", {"gpu": "1"}) == 2 * 2**30
+
+    reg = collect(make(expected=2))
+    assert reg.get_sample_value("colossalai_gpu_expected_devices") == 2
+
+
+def test_zero_gpus_is_a_failure_unless_zero_are_expected(scenario: Scenario,
+                                                         make: Make) -> None:
+    scenario.write(gpus=[])
+    error = failure(make())
+    assert error.reason == "missing_gpus"
+    assert "no GPUs" in error.message
+    assert registry_of(error.families).get_sample_value("colossalai_gpu_devices") == 0
+    assert failure(make(expected=1)).reason == "missing_gpus"
+    assert collect(make(expected=0)).get_sample_value("colossalai_gpu_devices") == 0
+
+
+def test_critical_xid_events_are_counted_with_the_last_code(scenario: Scenario,
+                                                            make: Make) -> None:
+    # An Xid from before the agent registered for events is not delivered (as in NVML).
+    scenario.write(gpus=[gpu(0), gpu(1), gpu(2, xid_supported=False)],
+                   xid=[{"id": "old", "gpu": 0, "code": 13}])
+    collector = make()
+    reg = collect(collector)
+    assert reg.get_sample_value("colossalai_gpu_xid_errors_total", {"gpu": "0"}) == 0
+    assert reg.get_sample_value("colossalai_gpu_xid_errors_total", {"gpu": "2"}) is None
+
+    before = time.time()
+    scenario.update(xid=[{"id": "old", "gpu": 0, "code": 13},
+                         {"id": 1, "gpu": 1, "code": 48}, {"id": 2, "gpu": 1, "code": 79}])
+    reg = collect(collector)
+    assert reg.get_sample_value("colossalai_gpu_xid_errors_total", {"gpu": "0"}) == 0
+    assert reg.get_sample_value("colossalai_gpu_xid_errors_total", {"gpu": "1"}) == 2
+    assert reg.get_sample_value("colossalai_gpu_last_xid", {"gpu": "1"}) == 79
+    seen = reg.get_sample_value("colossalai_gpu_last_xid_timestamp_seconds", {"gpu": "1"})
+    assert before <= seen <= time.time()
+    # Each event counts once: a quiet scrape leaves the counter where it was.
+    assert collect(collector).get_sample_value("colossalai_gpu_xid_errors_total",
+                                               {"gpu": "1"}) == 2
+
+
+def test_xid_counts_survive_a_replaced_worker(scenario: Scenario, make: Make) -> None:
+    collector = make(timeout=0.5)
+    collect(collector)
+    scenario.update(xid=[{"id": 1, "gpu": 0, "code": 79}])
+    collect(collector)
+    scenario.update(hang="nvmlDeviceGetPowerUsage")
+    assert failure(collector).reason == "timeout"
+    scenario.update(hang=[])
+    reg = collect(collector)
+    assert reg.get_sample_value("colossalai_gpu_xid_errors_total", {"gpu": "0"}) == 1
+    assert reg.get_sample_value("colossalai_gpu_last_xid", {"gpu": "0"}) == 79
+
+
+def test_first_scrape_is_served_quickly_after_start(make: Make) -> None:
+    # The agent must serve its first scrape within 0.5 s of starting: the
+    # worker starts in the constructor without waiting, and the first scrape
+    # waits for it (within its deadline) rather than reporting nothing.
+    start = time.monotonic()
+    collector = make()
+    constructed = time.monotonic() - start
+    reg = collect(collector)
+    first = time.monotonic() - start
+    assert constructed < 0.1, constructed
+    assert first < 0.5, first
+    assert reg.get_sample_value("colossalai_gpu_devices") == 2
+
+
+def test_close_stops_the_worker(make: Make) -> None:
+    collector = make()
+    collect(collector)
+    pid = worker_pid(collector)
+    collector.close()
+    wait_until(lambda: gone(pid), 5, what="the worker to exit")
+    assert failure(collector).reason == "nvml_error"
+
+
+def test_the_fake_is_picked_from_the_environment(scenario: Scenario,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLOSSALAI_EXPORTER_FAKE_NVML", str(scenario.path))
+    collector = GpuCollector(timeout=1.0)
+    try:
+        assert collect(collector).get_sample_value("colossalai_gpu_devices") == 2
+    finally:
+        collector.close()
+
+
+def test_bad_arguments_are_refused() -> None:
+    with pytest.raises(ValueError, match="timeout must be positive"):
+        GpuCollector(timeout=0)
+    with pytest.raises(ValueError, match="0 or more"):
+        GpuCollector(expected=-1)
