@@ -171,6 +171,7 @@ class Bridge:
 
 def build_app(bridge: Bridge, authenticator: BasicAuthenticator | None = None) -> App:
     app = App(authenticator=authenticator, max_body_bytes=bridge.config.max_body_bytes,
+              body_timeout=bridge.config.body_timeout,
               realm="colossalai-bridge", observer=bridge.observe)
     guards: list[Callable[[Request], Response | None]] = [content_type_guard]
     if bridge.config.bearer_token:

@@ -82,6 +82,7 @@ class BridgeConfig:
     targets: tuple[Target, ...]
     bearer_token: str | None = field(default=None, repr=False)
     max_body_bytes: int = 4 << 20
+    body_timeout: float = 10.0
     delivery: Delivery = Delivery()
     unhealthy_after_periods: float = 3.0
     source: Path | None = None
@@ -327,9 +328,10 @@ def validate(data: Any, source: Path | None = None) -> tuple[BridgeConfig | None
         problems.add("state_dir", "is required: the directory holding the SQLite outbox")
     receiver = _Section(root.data.get("receiver"), "receiver", problems,
                         {"bearer_token", "bearer_token_file", "bearer_token_env",
-                         "max_body_bytes"})
+                         "max_body_bytes", "body_timeout"})
     token = receiver.secret("bearer_token", required=False)
     max_body = receiver.integer("max_body_bytes", 4 << 20, minimum=1024)
+    body_timeout = receiver.duration("body_timeout", 10.0, positive=True)
     delivery_section = _Section(root.data.get("delivery"), "delivery", problems,
                                 {"initial_backoff", "max_backoff", "max_retry_after"})
     delivery = Delivery(
@@ -364,7 +366,7 @@ def validate(data: Any, source: Path | None = None) -> tuple[BridgeConfig | None
     if not state_path.is_absolute() and source is not None:
         state_path = source.parent / state_path
     return BridgeConfig(state_dir=state_path, targets=tuple(targets), bearer_token=token,
-                        max_body_bytes=max_body, delivery=delivery,
+                        max_body_bytes=max_body, body_timeout=body_timeout, delivery=delivery,
                         unhealthy_after_periods=float(periods), source=source), []
 
 

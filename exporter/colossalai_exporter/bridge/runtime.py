@@ -53,6 +53,14 @@ class BridgeRuntime:
         self.server: ServerHandle | None = None
 
     def start(self, listen_address: str) -> ServerHandle:
+        try:
+            pending = self.store.queue_stats()
+            self.store.resume()
+        except StoreError as exc:
+            raise ConfigError(str(exc)) from None
+        if pending:
+            log.info("resuming pending deliveries", extra={
+                "pending": sum(q.depth for q in pending.values())})
         for worker in self.workers:
             worker.start()
         for scheduler in self.schedulers.values():

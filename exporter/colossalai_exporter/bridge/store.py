@@ -189,6 +189,13 @@ class Store:
 
     # -- delivery -----------------------------------------------------------------------
 
+    def resume(self, now: float | None = None) -> int:
+        """On start, make every pending delivery due now: a restart is often the fix."""
+        now = self._clock() if now is None else now
+        with self._transaction() as db:
+            return int(db.execute("UPDATE outbox SET next_attempt_at=? WHERE next_attempt_at > ?",
+                                  (now, now)).rowcount)
+
     def next_delivery(self, target: str) -> Delivery | None:
         """The oldest pending delivery of ``target`` (deliveries go out in arrival order)."""
         with self._lock:
