@@ -251,19 +251,45 @@ CHAT: tuple[Metric, ...] = ()
 # ---------------------------------------------------------------------------
 BRIDGE: tuple[Metric, ...] = (
     _m("colossalai_bridge_notifications_received_total", "counter",
-       "Alertmanager notifications accepted and stored.", component="bridge"),
+       "Alertmanager notifications accepted and durably stored (each answered 200).",
+       component="bridge"),
     _m("colossalai_bridge_notifications_rejected_total", "counter",
-       "Alertmanager notifications refused, by reason.", ("reason",), component="bridge"),
+       "Alertmanager notifications refused, by reason (every reason pre-created at 0): "
+       "unauthorized, unsupported_media_type, too_large, body_timeout, method_not_allowed, "
+       "store_unavailable, invalid_utf8, malformed_json, unknown_version, missing_field, "
+       "invalid_type, invalid_value.", ("reason",), component="bridge"),
     _m("colossalai_bridge_deliveries_total", "counter",
-       "Delivery attempts by target and result.", ("target", "result"), component="bridge"),
+       "Delivery attempts by target and result: success, status (an answer outside the "
+       "target's success codes), timeout, connection, error.", ("target", "result"),
+       component="bridge"),
     _m("colossalai_bridge_queue_depth", "gauge",
-       "Deliveries waiting for a target.", ("target",), component="bridge"),
+       "Deliveries waiting for a target (read from the outbox).", ("target",),
+       component="bridge"),
     _m("colossalai_bridge_oldest_pending_age_seconds", "gauge",
-       "Age of the oldest delivery waiting for a target.", ("target",), "seconds", "bridge"),
+       "Age of the oldest delivery waiting for a target (0 when none waits).", ("target",),
+       "seconds", "bridge"),
     _m("colossalai_bridge_last_success_timestamp_seconds", "gauge",
-       "When a delivery to the target last succeeded.", ("target",), "seconds", "bridge"),
+       "When a delivery to the target last succeeded (kept across restarts; absent before "
+       "the first success).", ("target",), "seconds", "bridge"),
     _m("colossalai_bridge_dead_letters_total", "counter",
-       "Deliveries given up on, by target.", ("target",), component="bridge"),
+       "Deliveries given up on since the bridge started, by target.", ("target",),
+       component="bridge"),
+    _m("colossalai_bridge_dead_letters", "gauge",
+       "Deliveries in the dead-letter table now, by target (bridge outbox list --dead).",
+       ("target",), component="bridge"),
+    _m("colossalai_bridge_deduplicated_total", "counter",
+       "Notifications not queued for a webhook target because the same one (group key, "
+       "status, alerts) was queued within its dedup window.", ("target",),
+       component="bridge"),
+    _m("colossalai_bridge_heartbeat_pings_dropped_total", "counter",
+       "Heartbeat pings dropped unsent, by reason: superseded (a newer ping replaced it) or "
+       "expired (older than the target's ttl).", ("target", "reason"), component="bridge"),
+    _m("colossalai_bridge_health_heartbeat_firing_alerts", "gauge",
+       "Alerts matching a health heartbeat's selector that are firing now (pings pause "
+       "while above 0).", ("target",), component="bridge"),
+    _m("colossalai_bridge_store_writable", "gauge",
+       "1 when the state directory and its database accept a synced write.",
+       component="bridge"),
 )
 
 # ---------------------------------------------------------------------------

@@ -71,6 +71,13 @@ def error_response(status: int, reason: str, message: str,
 
 
 Handler = Callable[[Request], Response | Awaitable[Response]]
+# Runs before the body is read: returns a Response to refuse the request (a bearer
+# token or content type check, say) so that an unauthenticated client cannot make
+# the server read its body. Must be quick: it runs on the event loop.
+Guard = Callable[[Request], Response | None]
+# Sees every response the App sends (errors the App produces itself included), for
+# counters such as "requests rejected by reason".
+Observer = Callable[[Request, Response], None]
 
 
 class BodyTooLarge(Exception):
@@ -93,8 +100,11 @@ class App:
         body_timeout: float = 10.0,
         extra_headers: dict[str, str] | None = None,
         realm: str = "colossalai-exporter",
+        observer: Observer | None = None,
     ) -> None:
         self._routes: dict[str, dict[str, Handler]] = {}
+        self._guards: dict[str, Guard] = {}
+        self._observer = observer
         self._auth = authenticator
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout
@@ -108,10 +118,14 @@ class App:
 
         return register
 
-    def add_route(self, path: str, handler: Handler, methods: Iterable[str] = ("GET",)) -> None:
+    def add_route(self, path: str, handler: Handler, methods: Iterable[str] = ("GET",),
+                  *, guard: Guard | None = None) -> None:
+        """Route ``methods`` on ``path`` to ``handler``; ``guard`` runs before the body is read."""
         table = self._routes.setdefault(path, {})
         for method in methods:
             table[method.upper()] = handler
+        if guard is not None:
+            self._guards[path] = guard
 
     async def _read_body(self, receive: Receive, declared: int | None) -> bytes:
         if declared is not None and declared > self.max_body_bytes:
@@ -147,6 +161,11 @@ class App:
             if not ok:
                 return error_response(401, "unauthorized", "missing or wrong credentials",
                                       [("WWW-Authenticate", f'Basic realm="{self._realm}"')])
+        guard = self._guards.get(request.path)
+        if guard is not None:
+            refused = guard(request)
+            if refused is not None:
+                return refused
         try:
             declared = request.header("content-length")
             request.body = await asyncio.wait_for(
@@ -184,6 +203,11 @@ class App:
         except Exception:
             log.exception("handler failed", extra={"path": request.path})
             response = error_response(500, "internal", "internal error; see the server log")
+        if self._observer is not None:
+            try:
+                self._observer(request, response)
+            except Exception:
+                log.exception("response observer failed", extra={"path": request.path})
         raw_headers = [(b"content-type", response.content_type.encode()),
                        (b"content-length", str(len(response.body)).encode())]
         raw_headers += [(k.lower().encode(), v.encode())

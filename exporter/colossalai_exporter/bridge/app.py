@@ -1,0 +1,185 @@
+"""The bridge's HTTP app: ``POST /alertmanager``, ``GET /metrics``, ``GET /health``.
+
+Why ``/alertmanager``: the path names the one sender whose format it speaks
+(webhook version 4), as Alertmanager's own receiver names the receiving side;
+a second format would get its own path rather than sniffing bodies.
+
+The ingest route answers 200 only after the notification and all its
+deliveries are committed to SQLite (``synchronous=FULL``); if that fails it
+answers 503, which Alertmanager retries. Malformed input is a 400 (which
+Alertmanager does not retry: resending garbage cannot help).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry, ProcessCollector
+
+from colossalai_exporter.bridge.alertmanager import PayloadError, parse_notification
+from colossalai_exporter.bridge.config import BridgeConfig
+from colossalai_exporter.bridge.ingest import plan
+from colossalai_exporter.bridge.metrics import BridgeCollector, BridgeStats
+from colossalai_exporter.bridge.store import Store, StoreError
+from colossalai_exporter.web import App, Request, Response, json_response, metrics_response
+from colossalai_exporter.web.app import error_response
+from colossalai_exporter.web.auth import BasicAuthenticator, constant_time_equals
+
+log = logging.getLogger(__name__)
+INGEST_PATH = "/alertmanager"
+JSON_TYPES = ("application/json",)
+
+
+class Worker(Protocol):
+    """A target's delivery worker, woken when a delivery for it was queued."""
+
+    def wake(self) -> None: ...
+
+
+class HealthView(Protocol):
+    """What /health needs to know about a health-heartbeat scheduler."""
+
+    last_paused: float | None
+
+
+def bearer_guard(token: str) -> Callable[[Request], Response | None]:
+    """Refuse requests without ``Authorization: Bearer <token>`` before reading the body."""
+
+    def guard(request: Request) -> Response | None:
+        header = request.header("authorization") or ""
+        scheme, _, given = header.partition(" ")
+        if scheme.lower() != "bearer" or not constant_time_equals(given.strip(), token):
+            return error_response(401, "unauthorized", "missing or wrong bearer token",
+                                  [("WWW-Authenticate", 'Bearer realm="colossalai-bridge"')])
+        return None
+
+    return guard
+
+
+def content_type_guard(request: Request) -> Response | None:
+    if request.method != "POST":
+        return None
+    media = (request.header("content-type") or "").split(";")[0].strip().lower()
+    if media not in JSON_TYPES:
+        return error_response(415, "unsupported_media_type",
+                              f"Content-Type must be application/json, got {media or 'none'!r}")
+    return None
+
+
+def _chain(*guards: Callable[[Request], Response | None]) -> Callable[[Request], Response | None]:
+    def guard(request: Request) -> Response | None:
+        for one in guards:
+            refused = one(request)
+            if refused is not None:
+                return refused
+        return None
+
+    return guard
+
+
+class Bridge:
+    """Everything the routes need; built by :func:`build_app`, also handy in tests."""
+
+    def __init__(self, config: BridgeConfig, store: Store, stats: BridgeStats,
+                 workers: dict[str, Worker] | None = None,
+                 health_schedulers: dict[str, HealthView] | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.config = config
+        self.store = store
+        self.stats = stats
+        self.workers = workers or {}
+        self.health_schedulers = health_schedulers or {}
+        self.started_at = clock()
+        self._clock = clock
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(BridgeCollector(stats, store, config.targets, clock))
+        self.registry.register(ProcessCollector(registry=None))
+
+    def ingest(self, request: Request) -> Response:
+        try:
+            notification = parse_notification(request.body)
+        except PayloadError as exc:
+            return error_response(400, exc.reason, exc.message)
+        enqueues, updates = plan(notification, self.config.targets)
+        try:
+            result = self.store.ingest(request.body, enqueues, updates, self._clock())
+        except StoreError as exc:
+            log.error("cannot store notification", extra={"err": str(exc)})
+            return error_response(503, "store_unavailable",
+                                  "the notification could not be stored; retry later")
+        self.stats.add_received()
+        for target in result.deduplicated:
+            self.stats.add_deduplicated(target)
+        for target, count in result.superseded.items():
+            self.stats.add_dropped(target, "superseded", count)
+        for target in set(result.queued):
+            worker = self.workers.get(target)
+            if worker is not None:
+                worker.wake()
+        return json_response(200, {"status": "stored", "id": result.notification_id,
+                                   "queued": list(result.queued),
+                                   "deduplicated": list(result.deduplicated)})
+
+    def observe(self, request: Request, response: Response) -> None:
+        """Count refused notifications by the reason their error body names."""
+        if request.path != INGEST_PATH or response.status < 400:
+            return
+        try:
+            reason = str(json.loads(response.body).get("error", "other"))
+        except (ValueError, AttributeError):
+            reason = "other"
+        self.stats.add_rejected(reason)
+
+    def health(self, request: Request) -> Response:
+        now = self._clock()
+        writable, error = self.store.writable()
+        problems: list[str] = []
+        if not writable:
+            problems.append(f"store not writable: {error}")
+        try:
+            successes = self.store.last_successes()
+        except StoreError:
+            successes = {}
+        targets: dict[str, dict[str, object]] = {}
+        for target in self.config.targets:
+            last = successes.get(target.name)
+            info: dict[str, object] = {"type": target.kind, "last_success": last}
+            period = {"heartbeat": target.period, "health_heartbeat": target.interval}.get(
+                target.kind)
+            if period is not None:
+                # Judged from the later of the last success and this process's start
+                # (and, for health heartbeats, the last pause: no pings are due then).
+                since = max(last or 0.0, self.started_at)
+                scheduler = self.health_schedulers.get(target.name)
+                if scheduler is not None and scheduler.last_paused is not None:
+                    since = max(since, scheduler.last_paused)
+                limit = period * self.config.unhealthy_after_periods
+                healthy = now - since <= limit
+                info["healthy"] = healthy
+                if not healthy:
+                    problems.append(f"target {target.name}: no success for "
+                                    f"{now - since:.0f}s (limit {limit:.0f}s)")
+            targets[target.name] = info
+        body = {"status": "ok" if not problems else "unhealthy", "problems": problems,
+                "store": {"writable": writable}, "targets": targets}
+        return json_response(200 if not problems else 503, body)
+
+
+def build_app(bridge: Bridge, authenticator: BasicAuthenticator | None = None) -> App:
+    app = App(authenticator=authenticator, max_body_bytes=bridge.config.max_body_bytes,
+              body_timeout=bridge.config.body_timeout,
+              realm="colossalai-bridge", observer=bridge.observe)
+    guards: list[Callable[[Request], Response | None]] = [content_type_guard]
+    if bridge.config.bearer_token:
+        guards.insert(0, bearer_guard(bridge.config.bearer_token))
+    app.add_route(INGEST_PATH, bridge.ingest, ("POST",), guard=_chain(*guards))
+    app.add_route("/metrics", lambda request: metrics_response(bridge.registry, request))
+    app.add_route("/health", bridge.health)
+    app.add_route("/", lambda request: json_response(200, {
+        "service": "colossalai-exporter bridge",
+        "endpoints": [INGEST_PATH, "/metrics", "/health"]}))
+    return app

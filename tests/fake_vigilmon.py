@@ -1,0 +1,120 @@
+"""A loopback HTTP server standing in for Vigilmon (heartbeats) and webhook receivers.
+
+The real Vigilmon cannot run here and its heartbeat contract is not published
+where we can read it. What this mimics is what the tutorial shows and what
+healthchecks.io-style services do: ``GET /api/heartbeat/<token>`` answers 200
+and records a ping; any other path or method is also recorded and answered
+200, so the same server is a webhook receiver. Tests can make it fail (any
+status, optionally with ``Retry-After``, e.g. 429 or 503) or hang (answer
+only after a delay) for all requests or for the next N.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from conftest import wait_until
+
+
+@dataclass(frozen=True)
+class Recorded:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    at: float
+
+
+@dataclass
+class Behaviour:
+    status: int = 200
+    delay: float = 0.0  # seconds to wait before answering (a hang, when over the timeout)
+    retry_after: str | None = None
+    times: int | None = None  # apply to the next N requests only, then answer 200
+
+
+@dataclass
+class FakeVigilmon:
+    server: ThreadingHTTPServer
+    requests: list[Recorded] = field(default_factory=list)
+    behaviour: Behaviour = field(default_factory=Behaviour)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    failures_answered: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def heartbeat_url(self, token: str) -> str:
+        return f"{self.url}/api/heartbeat/{token}"
+
+    def set(self, **kwargs: object) -> None:
+        with self.lock:
+            self.behaviour = Behaviour(**kwargs)  # type: ignore[arg-type]
+
+    def received(self, path_prefix: str = "", *, include_failed: bool = False) -> list[Recorded]:
+        """Requests to paths starting with ``path_prefix`` that were answered 2xx."""
+        with self.lock:
+            return [r for r in self.requests if r.path.startswith(path_prefix)
+                    and (include_failed or r.headers.get("x-fake-answered", "200")[0] == "2")]
+
+    def wait_for(self, path_prefix: str, count: int, timeout: float = 10.0) -> list[Recorded]:
+        return wait_until(lambda: (lambda got: got if len(got) >= count else None)(
+            self.received(path_prefix)), timeout, what=f"{count} requests to {path_prefix}")
+
+
+def _handler(fake: FakeVigilmon) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def _answer(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+            with fake.lock:
+                behaviour = fake.behaviour
+                if behaviour.times is not None:
+                    if behaviour.times <= 0:
+                        behaviour = Behaviour()
+                    else:
+                        fake.behaviour = Behaviour(behaviour.status, behaviour.delay,
+                                                   behaviour.retry_after, behaviour.times - 1)
+            if behaviour.delay:
+                time.sleep(behaviour.delay)
+            headers = {k.lower(): v for k, v in self.headers.items()}
+            headers["x-fake-answered"] = str(behaviour.status)
+            with fake.lock:
+                fake.requests.append(Recorded(self.command, self.path, headers, body,
+                                              time.time()))
+            self.send_response(behaviour.status)
+            if behaviour.retry_after is not None:
+                self.send_header("Retry-After", behaviour.retry_after)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"OK")
+
+        do_GET = do_POST = do_HEAD = do_PUT = _answer
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    return Handler
+
+
+@contextmanager
+def fake_vigilmon() -> Iterator[FakeVigilmon]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    fake = FakeVigilmon(server)
+    server.RequestHandlerClass = _handler(fake)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, name="fake-vigilmon", daemon=True)
+    thread.start()
+    try:
+        yield fake
+    finally:
+        server.shutdown()
+        server.server_close()

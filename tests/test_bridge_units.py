@@ -1,0 +1,210 @@
+"""The bridge's pure parts: payload parser, matchers, routing and dedup keys, config
+validation, signing, backoff, and the store's transactions on a real SQLite file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bridge_payloads import alert, body, notification
+from colossalai_exporter.bridge import signing
+from colossalai_exporter.bridge.alertmanager import PayloadError, parse_notification
+from colossalai_exporter.bridge.config import Delivery, parse_duration, validate
+from colossalai_exporter.bridge.ingest import dedup_key, plan
+from colossalai_exporter.bridge.matchers import MatcherError, parse_matcher, parse_selector
+from colossalai_exporter.bridge.sender import parse_retry_after
+from colossalai_exporter.bridge.store import Enqueue, FiringUpdate, Store
+from colossalai_exporter.bridge.workers import backoff_delay
+
+
+def test_parses_an_alertmanager_body() -> None:
+    n = parse_notification(body(alert(job="llama"), alert("TrainingStalled", job="llama")))
+    assert n.version == "4" and n.status == "firing"
+    assert n.receiver == "colossalai\\.bridge"
+    assert [a.labels["alertname"] for a in n.alerts] == ["Watchdog", "TrainingStalled"]
+    assert n.alerts[0].ends_at == "0001-01-01T00:00:00Z"
+    assert len(n.alerts[0].fingerprint) == 16
+
+
+def test_newer_fields_are_accepted() -> None:
+    data = notification()
+    data["notification_reason"] = "repeat"
+    data["routeLabels"] = {"team": "ml"}
+    assert parse_notification(json.dumps(data).encode()).raw["routeLabels"] == {"team": "ml"}
+
+
+def _mutate(change: dict[str, object], drop: tuple[str, ...] = ()) -> bytes:
+    data = notification()
+    data.update(change)
+    for key in drop:
+        data.pop(key)
+    return json.dumps(data).encode()
+
+
+@pytest.mark.parametrize(("raw", "reason", "words"), [
+    (b"\xff\xfe{}", "invalid_utf8", "UTF-8"),
+    (b'{"version": "4",', "malformed_json", "not JSON"),
+    (b"[]", "invalid_type", "JSON object"),
+    (_mutate({"version": "3"}), "unknown_version", "'3'"),
+    (_mutate({"version": 4}), "invalid_type", "version must be a string"),
+    (_mutate({}, drop=("version",)), "missing_field", "version is required"),
+    (_mutate({}, drop=("status",)), "missing_field", "status is required"),
+    (_mutate({}, drop=("groupKey",)), "missing_field", "groupKey is required"),
+    (_mutate({"alerts": "x"}), "invalid_type", "alerts must be an array"),
+    (_mutate({"status": "burning"}), "invalid_value", "firing or resolved"),
+    (_mutate({"alerts": [{"status": "firing", "labels": {"a": 1}, "startsAt": "t"}]}),
+     "invalid_type", "alerts[0].labels.a must be a string"),
+    (_mutate({"alerts": [{"status": "firing", "startsAt": "t"}]}),
+     "missing_field", "alerts[0].labels is required"),
+    (_mutate({"truncatedAlerts": -1}), "invalid_type", "truncatedAlerts"),
+])
+def test_bad_payloads_name_the_problem(raw: bytes, reason: str, words: str) -> None:
+    with pytest.raises(PayloadError) as caught:
+        parse_notification(raw)
+    assert caught.value.reason == reason
+    assert words in caught.value.message
+
+
+def test_matchers() -> None:
+    labels = {"alertname": "TrainingStalled", "job": "llama-7b"}
+    assert parse_matcher('alertname="TrainingStalled"').matches(labels)
+    assert parse_matcher("job=~llama-.*").matches(labels)
+    assert not parse_matcher('job=~"llama"').matches(labels)  # anchored
+    assert parse_matcher('severity!="critical"').matches(labels)  # missing label is ""
+    assert parse_matcher('job!~"gpt.*"').matches(labels)
+    with pytest.raises(MatcherError, match="not a matcher"):
+        parse_matcher("job")
+    with pytest.raises(MatcherError, match="bad regular expression"):
+        parse_matcher('job=~"("')
+
+
+def _config(targets: list[dict[str, object]], **extra: object) -> dict[str, object]:
+    return {"state_dir": "/tmp/x", "targets": targets, **extra}
+
+
+def test_routing_heartbeats_health_and_webhooks() -> None:
+    config, problems = validate(_config([
+        {"name": "wd", "type": "heartbeat", "url": "http://v/api/heartbeat/t",
+         "fail": {"url": "http://v/fail"}},
+        {"name": "hh", "type": "health_heartbeat", "url": "http://v/h",
+         "selector": ['alertname="TrainingStalled"', 'job="llama"']},
+        {"name": "crit", "type": "webhook", "url": "http://hooks/x",
+         "selector": ['severity="critical"']},
+    ]))
+    assert problems == [] and config is not None
+    n = parse_notification(body(alert(), alert("TrainingStalled", job="llama",
+                                               severity="critical")))
+    enqueues, updates = plan(n, config.targets)
+    assert [(e.target, e.kind, e.newest_only, e.dedup_key is not None) for e in enqueues] == [
+        ("wd", "ping", True, False), ("crit", "webhook", False, True)]
+    assert [(u.target, u.firing) for u in updates] == [("hh", True)]
+    resolved = parse_notification(body(alert(status="resolved")))
+    assert [(e.target, e.kind) for e in plan(resolved, config.targets)[0]] == [("wd", "fail")]
+
+
+def test_dedup_key_ignores_sender_but_not_content() -> None:
+    a = parse_notification(body(alert(job="x"), receiver="one"))
+    b = parse_notification(body(alert(job="x"), receiver="two"))  # the other HA replica
+    refired = parse_notification(body(alert(job="x", starts_at="2024-05-02T00:00:00Z")))
+    resolved = parse_notification(body(alert(job="x", status="resolved")))
+    assert dedup_key(a) == dedup_key(b)
+    assert len({dedup_key(a), dedup_key(refired), dedup_key(resolved)}) == 3
+
+
+def test_config_problems_are_all_reported_one_per_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("NOPE_URL", raising=False)
+    config, problems = validate({
+        "targets": [
+            {"name": "a b", "type": "heartbeat", "url": "http://x/"},
+            {"name": "w", "type": "webhook", "url_env": "NOPE_URL"},
+            {"name": "h", "type": "health_heartbeat", "url": "ftp://secret-token@x/",
+             "interval": "1m", "alert_ttl": "30s", "selector": ["bad"]},
+            {"name": "t", "type": "teapot"},
+            {"name": "z", "type": "heartbeat", "url": "http://x/", "timeout": "soon",
+             "surprise": 1},
+        ],
+        "receiver": {"bearer_token": "a", "bearer_token_file": "/b"},
+    })
+    assert config is None
+    text = "\n".join(problems)
+    for expected in ("state_dir: is required", "targets[0].name: is required",
+                     "environment variable NOPE_URL is not set",
+                     "url must be an absolute http:// or https:// URL",
+                     "alert_ttl: must be longer than interval", "is not a matcher",
+                     "type: must be one of", "'soon' is not a duration",
+                     "unknown key 'surprise'", "give only one of bearer_token"):
+        assert expected in text, expected
+    assert "secret-token" not in text  # a URL's token never appears in an error
+    assert all("\n" not in p for p in problems)
+
+
+def test_secrets_from_files_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "url").write_text("https://vigilmon.online/api/heartbeat/tok\n")
+    monkeypatch.setenv("HOOK_SECRET", "whsec_c2VjcmV0")
+    config, problems = validate(_config([
+        {"name": "wd", "type": "heartbeat", "url_file": str(tmp_path / "url")},
+        {"name": "w", "type": "webhook", "url": "http://h/", "signing_secret_env": "HOOK_SECRET"},
+    ]))
+    assert problems == [] and config is not None
+    assert config.targets[0].endpoint.url == "https://vigilmon.online/api/heartbeat/tok"
+    assert config.targets[0].endpoint.redacted() == "https://vigilmon.online/…"
+    assert config.targets[1].signing_secret == b"whsec_c2VjcmV0"
+    assert signing.signing_key(b"whsec_c2VjcmV0") == b"secret"
+
+
+def test_durations_and_retry_after() -> None:
+    assert parse_duration("250ms") == 0.25
+    assert parse_duration("4h") == 14400
+    assert parse_duration(3) == 3.0
+    with pytest.raises(ValueError, match="duration"):
+        parse_duration("1 minute")
+    assert parse_retry_after("7") == 7.0
+    assert parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT", now=1445412470.0) == 10.0
+    assert parse_retry_after("soon") is None
+
+
+def test_backoff_is_exponential_with_bounded_jitter() -> None:
+    settings = Delivery(initial_backoff=1.0, max_backoff=60.0)
+    assert [backoff_delay(n, settings, rand=lambda: 0.0) for n in (1, 2, 3, 4)] == [
+        0.5, 1.0, 2.0, 4.0]
+    assert backoff_delay(3, settings, rand=lambda: 1.0) == 4.0
+    assert backoff_delay(20, settings, rand=lambda: 1.0) == 60.0
+
+
+def test_signature_matches_the_standard_webhooks_definition() -> None:
+    import base64
+    import hashlib
+    import hmac
+
+    sig = signing.signature(b"key", "msg_1", 1700000000, b'{"a":1}')
+    mac = hmac.new(b"key", b'msg_1.1700000000.{"a":1}', hashlib.sha256).digest()
+    assert sig == "v1," + base64.b64encode(mac).decode()
+    assert signing.verify(b"key", "msg_1", 1700000000, b'{"a":1}', "v1,bad " + sig)
+    assert not signing.verify(b"other", "msg_1", 1700000000, b'{"a":1}', sig)
+
+
+def test_store_transactions(tmp_path: Path) -> None:
+    store = Store(tmp_path / "state")
+    assert store._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert store._db.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+    hook = Enqueue("hook", "webhook", dedup_key="k", dedup_window=60)
+    first = store.ingest(b"{}", [hook, Enqueue("wd", "ping", newest_only=True)], now=100)
+    assert first.queued == ("hook", "wd")
+    again = store.ingest(b"{}", [hook, Enqueue("wd", "ping", newest_only=True)], now=110)
+    assert again.deduplicated == ("hook",) and again.superseded == {"wd": 1}
+    assert store.ingest(b"{}", [hook], now=161).queued == ("hook",)  # window passed
+    assert {t: q.depth for t, q in store.queue_stats().items()} == {"hook": 2, "wd": 1}
+    store.ingest(b"{}", [], [FiringUpdate("hh", "f1", "{}", True)], now=100)
+    assert [f[0] for f in store.firing("hh", now=105, alert_ttl=10)] == ["f1"]
+    assert store.firing("hh", now=111, alert_ttl=10) == []
+    d = store.next_delivery("hook")
+    assert d is not None
+    store.dead_letter(d, "HTTP 500", now=200)
+    assert store.dead_letter_counts() == {"hook": 1}
+    assert store.retry_dead(None, now=201) == 1
+    assert store.dead_letter_counts() == {}
+    ok, _ = store.writable()
+    assert ok
+    store.close()
