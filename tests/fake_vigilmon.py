@@ -64,8 +64,11 @@ class FakeVigilmon:
                     and (include_failed or r.headers.get("x-fake-answered", "200")[0] == "2")]
 
     def wait_for(self, path_prefix: str, count: int, timeout: float = 10.0) -> list[Recorded]:
-        return wait_until(lambda: (lambda got: got if len(got) >= count else None)(
-            self.received(path_prefix)), timeout, what=f"{count} requests to {path_prefix}")
+        def enough() -> list[Recorded] | None:
+            got = self.received(path_prefix)
+            return got if len(got) >= count else None
+
+        return wait_until(enough, timeout, what=f"{count} requests to {path_prefix}")
 
 
 def _handler(fake: FakeVigilmon) -> type[BaseHTTPRequestHandler]:

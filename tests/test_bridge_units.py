@@ -13,7 +13,7 @@ from colossalai_exporter.bridge import signing
 from colossalai_exporter.bridge.alertmanager import PayloadError, parse_notification
 from colossalai_exporter.bridge.config import Delivery, parse_duration, validate
 from colossalai_exporter.bridge.ingest import dedup_key, plan
-from colossalai_exporter.bridge.matchers import MatcherError, parse_matcher, parse_selector
+from colossalai_exporter.bridge.matchers import MatcherError, parse_matcher
 from colossalai_exporter.bridge.sender import parse_retry_after
 from colossalai_exporter.bridge.store import Enqueue, FiringUpdate, Store
 from colossalai_exporter.bridge.workers import backoff_delay
