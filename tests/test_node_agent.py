@@ -272,3 +272,28 @@ def test_config_file_with_flags_overriding(server_process, tmp_path: Path) -> No
 def test_sigterm_stops_cleanly(server_process) -> None:
     agent = server_process("node", NO_GPU, "--no-collector.disk", "--no-collector.rendezvous")
     assert agent.stop() == 0
+
+
+def test_series_budget_with_8_fake_gpus_and_2_disks(server_process, tmp_path: Path) -> None:
+    """With 8 GPUs and 2 disks the agent's own exposition stays under 200 series."""
+    from gpu_helpers import Scenario, gpu
+
+    scenario = Scenario(tmp_path / "nvml.json").write(gpus=[gpu(i) for i in range(8)])
+    disk_a, disk_b = tmp_path / "a", tmp_path / "b"
+    disk_a.mkdir()
+    disk_b.mkdir()
+    agent = server_process("node", "--disk", f"checkpoints={disk_a}", "--disk", f"nvme={disk_b}",
+                           "--rendezvous.target", "127.0.0.1:1",
+                           env=cli_env(COLOSSALAI_EXPORTER_FAKE_NVML=str(scenario.path)))
+
+    def gpus_up() -> str | None:
+        text = scrape(agent.url)
+        return text if value(text, "colossalai_gpu_devices") == 8 else None
+
+    from conftest import wait_until
+
+    text = wait_until(gpus_up, 20, what="8 fake GPUs served")
+    series = [line for line in text.splitlines() if line and not line.startswith("#")]
+    assert len(series) < 200, len(series)
+    assert value(text, "colossalai_gpu_memory_used_percent", gpu="7") == pytest.approx(10.0)
+    assert value(text, "colossalai_exporter_collector_up", collector="gpu") == 1
