@@ -6,6 +6,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -297,3 +298,22 @@ def test_series_budget_with_8_fake_gpus_and_2_disks(server_process, tmp_path: Pa
     assert len(series) < 200, len(series)
     assert value(text, "colossalai_gpu_memory_used_percent", gpu="7") == pytest.approx(10.0)
     assert value(text, "colossalai_exporter_collector_up", collector="gpu") == 1
+
+
+def test_agent_code_path_never_imports_torch(tmp_path: Path) -> None:
+    """Start the agent's whole code path in a fresh interpreter: torch stays out."""
+    code = f"""
+import sys, time
+from colossalai_exporter.node import cli, config as node_config
+from colossalai_exporter.node.agent import Agent, build_app
+from colossalai_exporter.flags import ArgumentParser, add_common_flags
+parser = ArgumentParser(); add_common_flags(parser, 9466); node_config.add_node_flags(parser)
+cfg = node_config.load_config(parser.parse_args(["--disk", "c={tmp_path}"]))
+agent = Agent(cli.build_collectors(cfg)); build_app(agent); list(agent.collect()); agent.close()
+heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "colossalai", "numpy"))
+print(heavy)
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=cli_env(), timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
