@@ -117,6 +117,10 @@ class GpuCollector:
             worker.stop()
         for stuck in self._stuck:
             stuck.kill()
+        for stuck in self._stuck:
+            # Reap what dies at once; one stuck in the driver is left to init.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                stuck.process.wait(0.1)
         self._stuck = []
 
     # -- talking to the worker ------------------------------------------------
