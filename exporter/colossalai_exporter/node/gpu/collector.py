@@ -25,6 +25,7 @@ import os
 import subprocess
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -281,3 +282,10 @@ def _info(name: str) -> InfoMetricFamily:
     family = catalogue.family(name)
     assert isinstance(family, InfoMetricFamily), name
     return family
+
+
+if TYPE_CHECKING:
+    from colossalai_exporter.node.base import NodeCollector
+
+    def _implements_node_collector(collector: GpuCollector) -> NodeCollector:
+        return collector  # mypy checks GpuCollector against the protocol here
