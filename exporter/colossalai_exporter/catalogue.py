@@ -102,17 +102,19 @@ NODE: tuple[Metric, ...] = (
     _m("colossalai_gpu_temperature_celsius", "gauge",
        "GPU core temperature.", ("gpu",), "celsius"),
     _m("colossalai_gpu_power_watts", "gauge",
-       "GPU power draw.", ("gpu",), "watts"),
+       "GPU power draw (NVML reports milliwatts).", ("gpu",), "watts"),
     _m("colossalai_gpu_ecc_errors_total", "counter",
        "ECC memory errors over the GPU's lifetime (aggregate), by type corrected|uncorrected; "
        "absent where the GPU or driver does not report ECC.", ("gpu", "type")),
     _m("colossalai_gpu_xid_errors_total", "counter",
-       "Critical Xid events seen by this agent since it started.", ("gpu",)),
+       "Critical Xid events (NVML XidCriticalError) seen by this agent since it started; "
+       "absent for GPUs that cannot report them.", ("gpu",)),
     _m("colossalai_gpu_last_xid", "gauge",
-       "Code of the last critical Xid event seen on the GPU (48, 79 … are usually fatal).",
-       ("gpu",)),
+       "Code of the last critical Xid event seen on the GPU (48, 79 … are usually fatal); "
+       "absent until one is seen.", ("gpu",)),
     _m("colossalai_gpu_last_xid_timestamp_seconds", "gauge",
-       "When the agent saw the last critical Xid event on the GPU.", ("gpu",), "seconds"),
+       "When the agent saw the last critical Xid event on the GPU (read at the scrape "
+       "after it happened).", ("gpu",), "seconds"),
     _m("colossalai_host_memory_total_bytes", "gauge",
        "Host memory installed (Gemini offloads parameters and optimizer state here).",
        (), "bytes"),

@@ -25,6 +25,7 @@ import os
 import subprocess
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -117,6 +118,10 @@ class GpuCollector:
             worker.stop()
         for stuck in self._stuck:
             stuck.kill()
+        for stuck in self._stuck:
+            # Reap what dies at once; one stuck in the driver is left to init.
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                stuck.process.wait(0.1)
         self._stuck = []
 
     # -- talking to the worker ------------------------------------------------
@@ -277,3 +282,10 @@ def _info(name: str) -> InfoMetricFamily:
     family = catalogue.family(name)
     assert isinstance(family, InfoMetricFamily), name
     return family
+
+
+if TYPE_CHECKING:
+    from colossalai_exporter.node.base import NodeCollector
+
+    def _implements_node_collector(collector: GpuCollector) -> NodeCollector:
+        return collector  # mypy checks GpuCollector against the protocol here
