@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -21,7 +22,7 @@ from colossalai_exporter import catalogue
 from colossalai_exporter.node.base import CollectorError
 from colossalai_exporter.node.gpu import GpuCollector
 from colossalai_exporter.node.gpu.protocol import REASONS
-from conftest import require_binary, wait_until
+from conftest import cli_env, require_binary, wait_until
 from gpu_helpers import Scenario, exposition, gpu, registry_of, series
 
 MARGIN = 0.4  # scheduling slack on a busy 2-core machine
@@ -373,3 +374,26 @@ def test_bad_arguments_are_refused() -> None:
         GpuCollector(timeout=0)
     with pytest.raises(ValueError, match="0 or more"):
         GpuCollector(expected=-1)
+
+
+def test_a_hung_worker_exits_when_its_agent_dies(scenario: Scenario) -> None:
+    # The agent crashes (no close()) while its worker hangs in nvmlInit: the
+    # worker's watchdog thread must still notice and exit.
+    scenario.write(gpus=[gpu(0)], hang="nvmlInit")
+    program = (
+        "import os, sys, time\n"
+        "from colossalai_exporter.node.gpu import GpuCollector\n"
+        "c = GpuCollector(timeout=0.2, fake_scenario=sys.argv[1])\n"
+        "try:\n"
+        "    c.collect(time.monotonic() + 0.2)\n"
+        "except Exception as exc:\n"
+        "    print(exc.reason)\n"
+        "print(c._worker.pid, flush=True)\n"
+        "os._exit(0)\n")
+    result = subprocess.run([sys.executable, "-c", program, str(scenario.path)],
+                            capture_output=True, text=True, timeout=10, env=cli_env(),
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    reason, pid = result.stdout.split()
+    assert reason == "timeout"
+    wait_until(lambda: gone(int(pid)), 5, what="the orphaned worker to exit")
