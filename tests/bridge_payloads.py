@@ -37,7 +37,7 @@ def notification(*alerts: dict[str, Any], group_key: str | None = None,
               if all(a["labels"].get(k) == v for a in alerts)}
     return {
         "version": "4",
-        "groupKey": group_key or '{}:{alertname="%s"}' % names[0],
+        "groupKey": group_key or f'{{}}:{{alertname="{names[0]}"}}',
         "truncatedAlerts": 0,
         "status": status,
         "receiver": receiver,

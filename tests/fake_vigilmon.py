@@ -64,8 +64,11 @@ class FakeVigilmon:
                     and (include_failed or r.headers.get("x-fake-answered", "200")[0] == "2")]
 
     def wait_for(self, path_prefix: str, count: int, timeout: float = 10.0) -> list[Recorded]:
-        return wait_until(lambda: (lambda got: got if len(got) >= count else None)(
-            self.received(path_prefix)), timeout, what=f"{count} requests to {path_prefix}")
+        def enough() -> list[Recorded] | None:
+            got = self.received(path_prefix)
+            return got if len(got) >= count else None
+
+        return wait_until(enough, timeout, what=f"{count} requests to {path_prefix}")  # type: ignore[no-any-return]
 
 
 def _handler(fake: FakeVigilmon) -> type[BaseHTTPRequestHandler]:
@@ -90,12 +93,15 @@ def _handler(fake: FakeVigilmon) -> type[BaseHTTPRequestHandler]:
             with fake.lock:
                 fake.requests.append(Recorded(self.command, self.path, headers, body,
                                               time.time()))
-            self.send_response(behaviour.status)
-            if behaviour.retry_after is not None:
-                self.send_header("Retry-After", behaviour.retry_after)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"OK")
+            try:
+                self.send_response(behaviour.status)
+                if behaviour.retry_after is not None:
+                    self.send_header("Retry-After", behaviour.retry_after)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"OK")
+            except OSError:
+                pass  # the client gave up waiting (a hang past its timeout)
 
         do_GET = do_POST = do_HEAD = do_PUT = _answer
 
