@@ -74,6 +74,10 @@ class FakeVigilmon:
 def _handler(fake: FakeVigilmon) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # One write per response: headers and body in separate small writes meet the
+        # client's delayed ACK (Nagle), 40 ms a request.
+        wbufsize = 65536
+        disable_nagle_algorithm = True
 
         def _answer(self) -> None:
             length = int(self.headers.get("Content-Length") or 0)
