@@ -212,3 +212,15 @@ def test_store_transactions(tmp_path: Path) -> None:
     ok, _ = store.writable()
     assert ok
     store.close()
+
+
+def test_delivery_ids_are_never_reused(tmp_path: Path) -> None:
+    """A worker finishing a superseded ping deletes by id and must not hit the newer one."""
+    store = Store(tmp_path)
+    store.ingest(b"{}", [Enqueue("wd", "ping", newest_only=True)], now=1)
+    (old,) = store.pending("wd")
+    store.ingest(b"{}", [Enqueue("wd", "ping", newest_only=True)], now=2)  # supersedes
+    store.delivered(old, now=3)  # the in-flight old ping finishes
+    (new,) = store.pending("wd")
+    assert new.id > old.id
+    store.close()
