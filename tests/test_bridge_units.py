@@ -21,7 +21,8 @@ from colossalai_exporter.bridge.workers import backoff_delay
 
 def test_parses_an_alertmanager_body() -> None:
     n = parse_notification(body(alert(job="llama"), alert("TrainingStalled", job="llama")))
-    assert n.version == "4" and n.status == "firing"
+    assert n.version == "4"
+    assert n.status == "firing"
     assert n.receiver == "colossalai\\.bridge"
     assert [a.labels["alertname"] for a in n.alerts] == ["Watchdog", "TrainingStalled"]
     assert n.alerts[0].ends_at == "0001-01-01T00:00:00Z"
@@ -93,7 +94,8 @@ def test_routing_heartbeats_health_and_webhooks() -> None:
         {"name": "crit", "type": "webhook", "url": "http://hooks/x",
          "selector": ['severity="critical"']},
     ]))
-    assert problems == [] and config is not None
+    assert problems == []
+    assert config is not None
     n = parse_notification(body(alert(), alert("TrainingStalled", job="llama",
                                                severity="critical")))
     enqueues, updates = plan(n, config.targets)
@@ -147,7 +149,8 @@ def test_secrets_from_files_and_env(tmp_path: Path, monkeypatch: pytest.MonkeyPa
         {"name": "wd", "type": "heartbeat", "url_file": str(tmp_path / "url")},
         {"name": "w", "type": "webhook", "url": "http://h/", "signing_secret_env": "HOOK_SECRET"},
     ]))
-    assert problems == [] and config is not None
+    assert problems == []
+    assert config is not None
     assert config.targets[0].endpoint.url == "https://vigilmon.online/api/heartbeat/tok"
     assert config.targets[0].endpoint.redacted() == "https://vigilmon.online/…"
     assert config.targets[1].signing_secret == b"whsec_c2VjcmV0"
@@ -193,7 +196,8 @@ def test_store_transactions(tmp_path: Path) -> None:
     first = store.ingest(b"{}", [hook, Enqueue("wd", "ping", newest_only=True)], now=100)
     assert first.queued == ("hook", "wd")
     again = store.ingest(b"{}", [hook, Enqueue("wd", "ping", newest_only=True)], now=110)
-    assert again.deduplicated == ("hook",) and again.superseded == {"wd": 1}
+    assert again.deduplicated == ("hook",)
+    assert again.superseded == {"wd": 1}
     assert store.ingest(b"{}", [hook], now=161).queued == ("hook",)  # window passed
     assert {t: q.depth for t, q in store.queue_stats().items()} == {"hook": 2, "wd": 1}
     store.ingest(b"{}", [], [FiringUpdate("hh", "f1", "{}", True)], now=100)
@@ -207,4 +211,16 @@ def test_store_transactions(tmp_path: Path) -> None:
     assert store.dead_letter_counts() == {}
     ok, _ = store.writable()
     assert ok
+    store.close()
+
+
+def test_delivery_ids_are_never_reused(tmp_path: Path) -> None:
+    """A worker finishing a superseded ping deletes by id and must not hit the newer one."""
+    store = Store(tmp_path)
+    store.ingest(b"{}", [Enqueue("wd", "ping", newest_only=True)], now=1)
+    (old,) = store.pending("wd")
+    store.ingest(b"{}", [Enqueue("wd", "ping", newest_only=True)], now=2)  # supersedes
+    store.delivered(old, now=3)  # the in-flight old ping finishes
+    (new,) = store.pending("wd")
+    assert new.id > old.id
     store.close()

@@ -10,7 +10,9 @@ Tables:
 
 * ``notifications``: every accepted body, as received.
 * ``outbox``: one row per pending delivery (target, kind ``ping``/``fail``/
-  ``webhook``), delivered oldest first per target.
+  ``webhook``), delivered oldest first per target. AUTOINCREMENT because ids
+  must never be reused: a worker finishing a superseded delivery deletes by id,
+  and a recycled id would delete the newer delivery unsent.
 * ``dead_letters``: deliveries given up on (``bridge outbox retry`` moves them back).
 * ``dedup``: per target, keys of notifications already queued, with when.
 * ``firing``: per health-heartbeat target, the matching alerts currently firing.
@@ -36,7 +38,7 @@ SCHEMA = """
 CREATE TABLE IF NOT EXISTS notifications (
     id INTEGER PRIMARY KEY, received_at REAL NOT NULL, body BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS outbox (
-    id INTEGER PRIMARY KEY, target TEXT NOT NULL, kind TEXT NOT NULL,
+    id INTEGER PRIMARY KEY AUTOINCREMENT, target TEXT NOT NULL, kind TEXT NOT NULL,
     notification_id INTEGER NOT NULL, created_at REAL NOT NULL,
     next_attempt_at REAL NOT NULL, attempts INTEGER NOT NULL DEFAULT 0,
     last_error TEXT NOT NULL DEFAULT '');
