@@ -159,3 +159,24 @@ def test_web_config_errors_name_the_problem(tmp_path: Path, text: str, needle: s
     path.write_text(text)
     with pytest.raises(ConfigError, match=needle):
         load_web_config(path)
+
+
+def test_keep_alive_responses_are_not_held_back_by_nagle(
+        stop_later: list[web_server.ServerHandle]) -> None:
+    """Head and body leave in two writes: without TCP_NODELAY each keep-alive response
+    waits for the client's delayed ACK (~40 ms), 20 of them ~0.8 s. Prometheus keeps
+    connections alive, so this guards a protocol bug, not a speed goal."""
+    import http.client
+
+    app, config = hello_app()
+    handle = serve(app, "127.0.0.1:0", config)  # type: ignore[arg-type]
+    stop_later.append(handle)
+    conn = http.client.HTTPConnection("127.0.0.1", handle.port, timeout=5)
+    try:
+        start = time.monotonic()
+        for _ in range(20):
+            conn.request("GET", "/hello")
+            assert conn.getresponse().read()
+        assert time.monotonic() - start < 0.4
+    finally:
+        conn.close()

@@ -32,10 +32,16 @@ GRACEFUL_SHUTDOWN_SECONDS = 10.0
 
 
 class HeaderTimeoutProtocol(H11Protocol):
-    """uvicorn's h11 protocol with a deadline for the first request's head."""
+    """uvicorn's h11 protocol with a deadline for the first request's head, and TCP_NODELAY."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # The response head and body leave in two writes; without TCP_NODELAY, Nagle
+        # holds the body until the client's delayed ACK (about 40 ms on Linux) on
+        # every keep-alive request, which is how Prometheus scrapes.
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._head_timer = self.loop.call_later(HEADER_TIMEOUT_SECONDS, self._head_timeout)
 
     def _head_timeout(self) -> None:
