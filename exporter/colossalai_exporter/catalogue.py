@@ -233,20 +233,80 @@ TRAINING: tuple[Metric, ...] = (
 # Chat prober: blackbox exporter names plus why a probe failed.
 # ---------------------------------------------------------------------------
 PROBE: tuple[Metric, ...] = (
-    _m("probe_success", "gauge", "1 when the probe succeeded.", component="probe"),
-    _m("probe_duration_seconds", "gauge", "How long the probe took.", (), "seconds",
-       "probe"),
-    _m("probe_http_status_code", "gauge", "HTTP status code of the last response.",
+    # Per probe (GET /probe): a fresh registry each time, blackbox exporter names.
+    _m("probe_success", "gauge", "1 when the probe succeeded, 0 when it failed.",
+       component="probe"),
+    _m("probe_duration_seconds", "gauge",
+       "How long the whole probe took, name resolution included.", (), "seconds", "probe"),
+    _m("probe_http_status_code", "gauge",
+       "HTTP status code of the probe's last response (0 when none arrived).",
        component="probe"),
     _m("probe_failure_info", "info",
-       "Why the probe failed (one series when it failed): refused, timeout, dns, tls, "
-       "status, body, engine_error, …", ("reason",), component="probe"),
+       "Why the probe failed (one series when it failed): dns, refused, unreachable, "
+       "timeout, tls, connection, protocol, status, body, engine_error, loading, config.",
+       ("reason",), component="probe"),
+    _m("probe_http_duration_seconds", "gauge",
+       "Time the probe's HTTP requests spent in each phase, summed over its requests: "
+       "resolve, connect, tls, processing (request sent until the response head), "
+       "transfer (reading the body).", ("phase",), "seconds", "probe"),
+    _m("probe_dns_lookup_time_seconds", "gauge",
+       "How long resolving the target's host name took.", (), "seconds", "probe"),
+    _m("probe_ip_protocol", "gauge",
+       "IP version of the address probed (4 or 6; 0 when the name did not resolve).",
+       component="probe"),
+    _m("probe_http_ssl", "gauge",
+       "1 when the probe's last request went over TLS.", component="probe"),
+    _m("probe_http_uncompressed_body_length", "gauge",
+       "Bytes of the last response body the probe read.", (), "bytes", "probe"),
+    _m("probe_ssl_earliest_cert_expiry", "gauge",
+       "When the target's certificate expires (Unix time; only when it was verified).",
+       component="probe"),
+    _m("colossalai_probe_step_success", "gauge",
+       "1 for each step of a multi-request probe that passed, 0 for the step that failed "
+       "(ping, engine_check, openapi, docs, root, health, generate, request, connect); "
+       "steps after a failure are absent.", ("step",), component="probe"),
+    # The prober's own health (GET /metrics).
+    _m("colossalai_probe_probes_total", "counter",
+       "Probes run, by module and result: success or the failure reason (pre-created at 0 "
+       "for every configured module).", ("module", "result"), component="probe"),
+    _m("colossalai_probe_rejected_total", "counter",
+       "Probe requests refused before probing, by reason: missing_target, bad_target, "
+       "missing_module, unknown_module, not_allowed, busy.", ("reason",), component="probe"),
+    _m("colossalai_probe_duration_seconds", "histogram",
+       "Wall-clock duration of probes, by module.", ("module",), "seconds", "probe"),
+    _m("colossalai_probe_in_flight", "gauge",
+       "Probes running now.", component="probe"),
+    _m("colossalai_probe_max_concurrent", "gauge",
+       "Probes the prober runs at once before answering 503 (--probe.max-concurrent).",
+       component="probe"),
+    _m("colossalai_probe_modules", "gauge",
+       "Modules the prober knows (built in and from its config file).", component="probe"),
 )
 
 # ---------------------------------------------------------------------------
 # FastAPI chat-server helper.
 # ---------------------------------------------------------------------------
-CHAT: tuple[Metric, ...] = ()
+CHAT: tuple[Metric, ...] = (
+    _m("colossalai_chat_requests_total", "counter",
+       "HTTP requests the chat app finished, by route template, method and status code.",
+       ("route", "method", "status"), component="chat"),
+    _m("colossalai_chat_request_duration_seconds", "histogram",
+       "Time from a request's arrival to the end of its response body (a streamed "
+       "response is timed to its last event), by route template and method.",
+       ("route", "method"), "seconds", "chat"),
+    _m("colossalai_chat_requests_in_flight", "gauge",
+       "Requests being served now (streams included), by route template and method.",
+       ("route", "method"), component="chat"),
+    _m("colossalai_chat_request_errors_total", "counter",
+       "Requests that raised or answered 5xx, by route template, method and kind "
+       "(exception or status_5xx).", ("route", "method", "kind"), component="chat"),
+    _m("colossalai_chat_ready", "gauge",
+       "1 when the app's ready() check passes (GET /health answers 200), 0 while loading.",
+       component="chat"),
+    _m("colossalai_chat_start_time_seconds", "gauge",
+       "When instrument() was called (the start of the /health uptime).", (), "seconds",
+       "chat"),
+)
 
 # ---------------------------------------------------------------------------
 # Bridge: Alertmanager -> Vigilmon heartbeats and webhooks.

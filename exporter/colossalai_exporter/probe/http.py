@@ -1,0 +1,238 @@
+"""One HTTP request on a socket we connect ourselves, each phase timed and bounded.
+
+Why ``http.client`` and not requests: requests (urllib3) resolves names itself,
+which would let a name be judged against the allow list and then re-resolved
+to another address, and it cannot report how long connect, TLS and the wait
+for the response head took. Here the probe connects to the exact address the
+allow list accepted, does the TLS handshake itself (with the target's name for
+SNI and verification), hands the socket to ``http.client`` for the protocol,
+and reads the time at each boundary. Redirects are never followed: a redirect
+could point outside the allow list, so a 3xx is judged as a status code.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import http.client
+import socket
+import ssl
+import threading
+import time
+from dataclasses import dataclass, field
+
+from colossalai_exporter.probe.config import TLSOptions
+from colossalai_exporter.probe.targets import Address, Target
+from colossalai_exporter.version import __version__
+
+PHASES = ("resolve", "connect", "tls", "processing", "transfer")
+USER_AGENT = f"colossalai-exporter-probe/{__version__}"
+
+
+class ProbeFailure(Exception):
+    """The probe failed for ``reason`` (one of config.REASONS)."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass
+class HttpResult:
+    status: int
+    body: bytes
+    truncated: bool
+    headers: dict[str, str]
+
+
+@dataclass
+class Session:
+    """State of one probe: phase timings, what it learnt, and a way to abort it.
+
+    ``abort()`` is called from the request handler when the probe's deadline has
+    passed: it shuts the open socket down, which wakes a blocked ``recv`` at once.
+    """
+
+    deadline: float
+    phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    status_code: int = 0
+    tls_used: bool = False
+    cert_expiry: float | None = None
+    body_length: int = 0
+    aborted: bool = False
+    _sock: socket.socket | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def remaining(self) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0 or self.aborted:
+            raise ProbeFailure("timeout", "the probe's deadline passed")
+        return left
+
+    def add(self, phase: str, started: float) -> None:
+        self.phases[phase] += time.monotonic() - started
+
+    def _track(self, sock: socket.socket | None) -> None:
+        with self._lock:
+            self._sock = sock
+
+    def abort(self) -> None:
+        with self._lock:
+            self.aborted = True
+            if self._sock is not None:
+                with contextlib.suppress(OSError):
+                    self._sock.shutdown(socket.SHUT_RDWR)
+
+
+def _connect_error(exc: OSError, address: Address) -> ProbeFailure:
+    where = f"{address.ip}:{address.port}"
+    if isinstance(exc, ConnectionRefusedError):
+        return ProbeFailure("refused", f"connection to {where} refused")
+    if isinstance(exc, TimeoutError | socket.timeout):
+        return ProbeFailure("timeout", f"connecting to {where} timed out")
+    if exc.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH, errno.EADDRNOTAVAIL):
+        return ProbeFailure("unreachable", f"{where} is unreachable: {exc.strerror}")
+    return ProbeFailure("connection", f"connecting to {where} failed: {exc}")
+
+
+def connect(session: Session, address: Address) -> socket.socket:
+    """A TCP connection to ``address`` within the deadline (phase ``connect``)."""
+    started = time.monotonic()
+    sock = socket.socket(address.family, socket.SOCK_STREAM)
+    session._track(sock)
+    try:
+        sock.settimeout(session.remaining())
+        sock.connect(address.sockaddr)
+    except OSError as exc:
+        sock.close()
+        if session.aborted:
+            raise ProbeFailure("timeout", "the probe's deadline passed while connecting") from None
+        raise _connect_error(exc, address) from None
+    finally:
+        session.add("connect", started)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def tls_context(options: TLSOptions) -> ssl.SSLContext:
+    if not options.verify:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.check_hostname = False
+        ctx.verify_mode = ssl.CERT_NONE
+        return ctx
+    return ssl.create_default_context(cafile=options.ca_file)
+
+
+def handshake(session: Session, sock: socket.socket, target: Target,
+              options: TLSOptions) -> ssl.SSLSocket:
+    """TLS over ``sock`` (phase ``tls``); reason ``tls`` for every handshake failure."""
+    started = time.monotonic()
+    name = options.server_name or target.host
+    try:
+        sock.settimeout(session.remaining())
+        tls_sock = tls_context(options).wrap_socket(sock, server_hostname=name)
+    except ssl.SSLCertVerificationError as exc:
+        sock.close()
+        raise ProbeFailure("tls", f"certificate of {name} not trusted: "
+                           f"{exc.verify_message or exc.reason}") from None
+    except TimeoutError:
+        sock.close()
+        raise ProbeFailure("timeout", "TLS handshake timed out") from None
+    except (ssl.SSLError, OSError) as exc:
+        sock.close()
+        if session.aborted:
+            raise ProbeFailure("timeout", "the probe's deadline passed during TLS") from None
+        # A plain-HTTP server answering a ClientHello, or closing on it, lands here too.
+        raise ProbeFailure("tls", f"TLS handshake with {name} failed: {exc}") from None
+    finally:
+        session.add("tls", started)
+    session._track(tls_sock)
+    session.tls_used = True
+    if options.verify:
+        cert = tls_sock.getpeercert()
+        not_after = cert.get("notAfter") if cert else None
+        if isinstance(not_after, str):
+            session.cert_expiry = float(ssl.cert_time_to_seconds(not_after))
+    return tls_sock
+
+
+def _header_values(headers: tuple[tuple[str, str], ...],
+                   header_files: tuple[tuple[str, str], ...]) -> dict[str, str]:
+    values = {"User-Agent": USER_AGENT, "Accept": "application/json, */*;q=0.5"}
+    values.update(headers)
+    for name, path in header_files:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                values[name] = handle.read().strip()
+        except OSError as exc:
+            raise ProbeFailure("config", f"cannot read header file for {name}: "
+                               f"{exc.strerror}") from None
+    return values
+
+
+def _read_body(session: Session, sock: socket.socket, response: http.client.HTTPResponse,
+               max_body_bytes: int) -> tuple[bytes, bool]:
+    """The body up to ``max_body_bytes``, each read bounded by the deadline."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < max_body_bytes:
+        sock.settimeout(session.remaining())
+        chunk = response.read1(min(65536, max_body_bytes - size))
+        if not chunk:
+            return b"".join(chunks), False
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks), not response.isclosed()
+
+
+def _failure(exc: Exception, phase: str, session: Session) -> ProbeFailure:
+    """Classify an exception raised while talking HTTP in ``phase``."""
+    if isinstance(exc, ProbeFailure):
+        return exc
+    if isinstance(exc, TimeoutError):
+        return ProbeFailure("timeout", f"no complete response within the deadline "
+                            f"(phase {phase})")
+    if isinstance(exc, ssl.SSLError):
+        return ProbeFailure("tls", f"TLS error during {phase}: {exc}")
+    if session.aborted:
+        return ProbeFailure("timeout", f"the probe's deadline passed (phase {phase})")
+    if isinstance(exc, http.client.RemoteDisconnected | ConnectionError):
+        return ProbeFailure("connection", f"connection lost during {phase}: {exc}")
+    if isinstance(exc, http.client.HTTPException):
+        return ProbeFailure("protocol", f"not a valid HTTP response: {exc!r}")
+    return ProbeFailure("connection", f"socket error during {phase}: {exc}")
+
+
+def request(session: Session, address: Address, target: Target, *, method: str, path: str,
+            headers: tuple[tuple[str, str], ...] = (),
+            header_files: tuple[tuple[str, str], ...] = (), body: bytes | None = None,
+            tls: TLSOptions | None = None, max_body_bytes: int = 1 << 20) -> HttpResult:
+    """One request on a fresh connection; phases add to ``session.phases``."""
+    values = _header_values(headers, header_files)
+    sock: socket.socket = connect(session, address)
+    if target.tls:
+        sock = handshake(session, sock, target, tls or TLSOptions())
+    conn = http.client.HTTPConnection(target.host, target.port)
+    conn.sock = sock
+    values["Host"] = target.host_header()
+    values["Connection"] = "close"
+    phase, started = "processing", time.monotonic()
+    try:
+        sock.settimeout(session.remaining())
+        conn.request(method, path, body=body, headers=values)
+        response = conn.getresponse()
+        session.add(phase, started)
+        session.status_code = response.status
+        phase, started = "transfer", time.monotonic()
+        data, truncated = _read_body(session, sock, response, max_body_bytes)
+        session.add(phase, started)
+        session.body_length = len(data)
+        return HttpResult(response.status, data, truncated,
+                          {k.lower(): v for k, v in response.getheaders()})
+    except (ProbeFailure, OSError, http.client.HTTPException) as exc:
+        session.add(phase, started)
+        raise _failure(exc, phase, session) from None
+    finally:
+        session._track(None)
+        conn.close()
