@@ -116,3 +116,24 @@ def test_bad_config_file_is_one_line_and_exit_2(tmp_path: Path) -> None:
     result = run_cli("probe", "--probe.max-concurrent", "0")
     assert result.returncode == 2
     assert "--probe.max-concurrent" in result.stderr
+
+
+def test_example_config_loads(tmp_path: Path) -> None:
+    import yaml
+
+    from conftest import REPO
+
+    example = REPO / "deploy" / "probe" / "probe.example.yml"
+    data = yaml.safe_load(example.read_text())
+    # The example names a secret file that exists only where it is deployed.
+    secret = tmp_path / "chat-token"
+    secret.write_text("Bearer x\n")
+    data["modules"]["chat_generate"]["http"]["header_files"]["Authorization"] = str(secret)
+    config = ProbeConfig()
+    apply_file(config, data, example)
+    assert {"chat_health", "chat_generate", "inference_models", "colossal_inference"} <= set(
+        config.modules)
+    generate = config.modules["chat_generate"]
+    assert generate.http.method == "POST"
+    assert generate.timeout == 30.0
+    assert config.allow.host_allowed("a.inference.svc.cluster.local")
