@@ -112,3 +112,45 @@ def self_signed_cert(directory: Path) -> tuple[Path, Path]:
 
 def tls_web_config(cert: Path, key: Path) -> WebConfig:
     return WebConfig(tls=TLSConfig(cert_file=cert, key_file=key))
+
+
+@contextmanager
+def raw_server(reply: bytes) -> Iterator[int]:
+    """A TCP server that answers every connection with ``reply`` and closes it.
+
+    ``b""`` closes without a byte (what a crashing server does); anything that is
+    not an HTTP status line is a broken server or another protocol on the port.
+    """
+    import threading
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    sock.settimeout(0.2)
+    stop = threading.Event()
+
+    def loop() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(2)
+                try:
+                    conn.recv(65536)
+                    if reply:
+                        conn.sendall(reply)
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield int(sock.getsockname()[1])
+    finally:
+        stop.set()
+        thread.join(5)
+        sock.close()

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from chat_servers import (
     colossalchat_app,
     inference_app,
+    raw_server,
     self_signed_cert,
     served,
     silent_listener,
@@ -59,6 +60,10 @@ modules:
     http:
       json:
         - {{field: status, equals: ok}}
+  secret_gone:
+    prober: http
+    http:
+      header_files: {{Authorization: {gone}}}
   chat_generate:
     prober: generate
     timeout: 10s
@@ -85,7 +90,9 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     secret = tmp / "token"
     secret.write_text("Bearer s3cret\n")
     config = tmp / "probe.yml"
-    config.write_text(CONFIG.format(cert=cert, secret=secret))
+    gone = tmp / "rotated-token"
+    gone.write_text("Bearer old\n")
+    config.write_text(CONFIG.format(cert=cert, secret=secret, gone=gone))
     inference: dict[str, Any] = {"engine": "Running"}
     chat: dict[str, Any] = {}
     loaded = {"ready": False}
@@ -104,7 +111,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
             yield {"prober": prober, "inference": inference, "inference_url": inference_url,
                    "chat": chat, "chat_url": chat_url, "loaded": loaded,
                    "bare_chat_url": bare_chat_url, "tls_url": tls_url,
-                   "silent_port": silent_port, "config": config}
+                   "silent_port": silent_port, "config": config, "gone": gone}
         finally:
             prober.close()
 
@@ -177,6 +184,21 @@ def test_timeout_is_bounded_by_the_module_and_by_the_scrape_timeout(
     assert 0.9 < (value(samples, "probe_duration_seconds") or 0) < 1.5
     assert time.monotonic() - started < 2.5
     assert (value(samples, "probe_http_duration_seconds", phase="processing") or 0) > 0.9
+
+
+def test_broken_servers_are_protocol_and_connection(setup: dict[str, Any]) -> None:
+    with raw_server(b"SSH-2.0-OpenSSH_9.2\r\n") as port:
+        _, _, samples = probe(setup, f"http://127.0.0.1:{port}", "http_2xx")
+    assert_failed(samples, "protocol")
+    with raw_server(b"") as port:
+        _, _, samples = probe(setup, f"http://127.0.0.1:{port}", "http_2xx")
+    assert_failed(samples, "connection")
+
+
+def test_unreadable_header_file_at_probe_time_is_config(setup: dict[str, Any]) -> None:
+    setup["gone"].unlink()
+    _, _, samples = probe(setup, setup["inference_url"] + "/ping", "secret_gone")
+    assert_failed(samples, "config")
 
 
 def test_unresolvable_name_is_dns(setup: dict[str, Any]) -> None:
