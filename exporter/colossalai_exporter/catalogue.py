@@ -257,7 +257,8 @@ PROBE: tuple[Metric, ...] = (
     _m("probe_http_ssl", "gauge",
        "1 when the probe's last request went over TLS.", component="probe"),
     _m("probe_http_uncompressed_body_length", "gauge",
-       "Bytes of the last response body the probe read.", (), "bytes", "probe"),
+       "Bytes of the last response body the probe read (blackbox exporter's name, "
+       "hence no _bytes suffix).", component="probe"),
     _m("probe_ssl_earliest_cert_expiry", "gauge",
        "When the target's certificate expires (Unix time; only when it was verified).",
        component="probe"),
