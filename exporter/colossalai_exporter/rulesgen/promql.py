@@ -70,11 +70,11 @@ def fill(template: str, **values: object) -> str:
 
 
 def si_bytes(value: float) -> str:
-    """``20000000000`` -> ``20 GB`` (decimal units, as disks are sold and the tutorial counts)."""
+    """``20000000000`` -> ``20GB`` (decimal units, as disks are sold and the tutorial counts)."""
     for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if value >= size:
-            return f"{value / size:g} {unit}"
-    return f"{value:g} B"
+            return f"{value / size:g}{unit}"
+    return f"{value:g}B"
 
 
 def number(value: float) -> str:
