@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import json
 import subprocess
+import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from conftest import REPO, require_binary
+from conftest import REPO, free_port, http_get, require_binary, wait_until
 
 AM_DIR = REPO / "deploy" / "alertmanager"
 CONFIG = AM_DIR / "alertmanager.yml"
@@ -183,3 +184,52 @@ def test_slack_title_for_a_warning_without_job(tmp_path: Path) -> None:
     assert _render(tmp_path, data, "title") == "🟠 FIRING: TrainingStalled"
     assert _render(tmp_path, data, "title_link") == (
         "http://alertmanager:9093/#/alerts?receiver=slack-critical")
+
+
+@pytest.mark.slow
+def test_real_alertmanager_inhibits_warning_of_same_alert_and_job(tmp_path: Path) -> None:
+    """The config loaded by a real Alertmanager: critical mutes its own warning, not others."""
+    binary = require_binary("prometheus-alertmanager")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = tmp_path / "alertmanager.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [binary, f"--config.file={CONFIG}", f"--storage.path={tmp_path}",
+             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+            stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            wait_until(lambda: http_get(url + "/-/ready", timeout=1)[0] == 200, timeout=20,
+                       what="alertmanager ready")
+
+            def alert(severity: str, job: str) -> dict[str, Any]:
+                return {"labels": {"alertname": "CheckpointDiskLow", "severity": severity,
+                                   "job": job, "instance": "node-a:9466"},
+                        "annotations": {"summary": "s", "description": "d"}}
+
+            body = json.dumps([alert("critical", "colossalai-node"),
+                               alert("warning", "colossalai-node"),
+                               alert("warning", "other-job")]).encode()
+            request = urllib.request.Request(url + "/api/v2/alerts", data=body, method="POST",
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=5) as response:
+                assert response.status == 200
+
+            def states() -> dict[tuple[str, str], str] | None:
+                alerts = json.loads(http_get(url + "/api/v2/alerts", timeout=2)[2])
+                got = {(a["labels"]["severity"], a["labels"]["job"]): a["status"]["state"]
+                       for a in alerts}
+                return got if len(got) == 3 and "unprocessed" not in got.values() else None
+
+            assert wait_until(states, timeout=10, what="alerts processed") == {
+                ("critical", "colossalai-node"): "active",
+                ("warning", "colossalai-node"): "suppressed",
+                ("warning", "other-job"): "active",
+            }
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
