@@ -1,0 +1,1 @@
+"""Alerting and recording rules generated from one config (``colossalai-exporter rules``)."""

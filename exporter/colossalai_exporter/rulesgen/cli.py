@@ -1,0 +1,62 @@
+"""``colossalai-exporter rules``: render the rule files from rules/config.yml.
+
+    colossalai-exporter rules                 # write rules/*.rules.yml and the PrometheusRule
+    colossalai-exporter rules --check         # exit 1 when a committed file is stale
+    colossalai-exporter rules --override site.yml --output-dir /etc/prometheus/rules \\
+        --kubernetes-output ''                # your thresholds, rules only
+
+Bad config (unknown key, wrong type, malformed duration) is one line and exit 2.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from colossalai_exporter.flags import ArgumentParser
+from colossalai_exporter.rulesgen import config as rules_config
+from colossalai_exporter.rulesgen import render, rules
+
+# exporter/colossalai_exporter/rulesgen/cli.py -> repository root
+REPO = Path(__file__).resolve().parents[3]
+DEFAULT_CONFIG = REPO / "rules" / "config.yml"
+DEFAULT_RULES_DIR = REPO / "rules"
+DEFAULT_KUBERNETES = REPO / "deploy" / "kubernetes" / "prometheusrule.yaml"
+
+
+def generate(config_path: Path = DEFAULT_CONFIG, overrides: list[Path] | None = None,
+             rules_dir: Path = DEFAULT_RULES_DIR,
+             kubernetes_path: Path | None = DEFAULT_KUBERNETES) -> dict[Path, str]:
+    """Every generated file (path -> text) for a config and its overrides."""
+    cfg = rules_config.load(config_path, overrides, rules.alert_names())
+    return render.outputs(cfg, rules.build(cfg), rules_dir, kubernetes_path)
+
+
+def main(argv: list[str]) -> int:
+    parser = ArgumentParser(prog="colossalai-exporter rules",
+                            description="Render alerting and recording rules from one config.")
+    parser.add_argument("--config.file", dest="config_file", type=Path, default=DEFAULT_CONFIG,
+                        metavar="PATH", help="rules config (default: rules/config.yml)")
+    parser.add_argument("--override", action="append", type=Path, default=[], metavar="PATH",
+                        help="YAML merged over the config (any subset of its keys); repeatable")
+    parser.add_argument("--output-dir", type=Path, default=DEFAULT_RULES_DIR, metavar="DIR",
+                        help="where the *.rules.yml files go (default: rules/)")
+    parser.add_argument("--kubernetes-output", default=str(DEFAULT_KUBERNETES), metavar="PATH",
+                        help="the PrometheusRule file; '' to skip "
+                             "(default: deploy/kubernetes/prometheusrule.yaml)")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 when a file differs from what would be written")
+    args = parser.parse_args(argv)
+    kubernetes = Path(args.kubernetes_output) if args.kubernetes_output else None
+    files = generate(args.config_file, args.override, args.output_dir, kubernetes)
+    if args.check:
+        stale = [path for path, text in files.items()
+                 if not path.exists() or path.read_text(encoding="utf-8") != text]
+        for path in stale:
+            print(f"{path} is stale: run 'colossalai-exporter rules'", file=sys.stderr)
+        return 1 if stale else 0
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,82 @@
+"""Small helpers that write PromQL and Prometheus alert templates.
+
+Kept apart from the rules so that each rule reads as its expression, not as
+string plumbing. Nothing here knows a metric name.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+
+# Characters RE2 treats as special; job names rarely have them, but a dot must not match anything.
+_RE2_SPECIAL = re.compile(r"([.+*?()\[\]{}|^$\\])")
+
+
+class Selector:
+    """Label matchers of one component, e.g. ``job="colossalai-node"``."""
+
+    def __init__(self, matchers: str) -> None:
+        self.matchers = matchers.strip().strip("{}").strip()
+
+    def __call__(self, metric: str, *extra: str) -> str:
+        """``metric{<component matchers>, <extra>}``; bare ``metric`` without any."""
+        parts = [m for m in (self.matchers, *extra) if m]
+        return f"{metric}{{{', '.join(parts)}}}" if parts else metric
+
+
+def regex_alternatives(values: list[str]) -> str:
+    """A PromQL regex string literal body matching exactly one of ``values``."""
+    # In a double-quoted PromQL string a regex backslash is written twice.
+    return "|".join(_RE2_SPECIAL.sub(r"\\\\\1", v) for v in values)
+
+
+def expr(text: str) -> str:
+    """A multi-line expression written indented in Python, dedented and trimmed."""
+    return textwrap.dedent(text).strip()
+
+
+def label(name: str) -> str:
+    """The alert's own label ``name`` in an annotation template."""
+    return "{{ $labels." + name + " }}"
+
+
+def query(metric: str, match: tuple[str, ...], pipe: str, extra: str = "",
+          otherwise: str = "unknown") -> str:
+    """Template text that queries ``metric`` for the alert's series and formats the first result.
+
+    ``match`` are the alert's labels to select by, ``pipe`` what to do with the
+    first sample (``value | humanizeDuration``, ``label "reason"``), ``extra`` a
+    PromQL suffix such as `` == 1``. Renders ``otherwise`` when nothing matches.
+    """
+    matchers = ",".join(f"{name}=%q" for name in match)
+    args = " ".join(f"$labels.{name}" for name in match)
+    fmt = f"{metric}{{{matchers}}}{extra}".replace('"', '\\"')
+    return (f'{{{{ with printf "{fmt}" {args} | query }}}}{{{{ . | first | {pipe} }}}}'
+            f"{{{{ else }}}}{otherwise}{{{{ end }}}}")
+
+
+def fill(template: str, **values: object) -> str:
+    """Replace ``[[name]]`` placeholders (Go templates keep their ``{{ }}``)."""
+    def sub(match: re.Match[str]) -> str:
+        key = match.group(1)
+        if key in values:
+            return str(values[key])
+        if key.startswith("$"):
+            return label(key[1:])
+        raise KeyError(f"no value for [[{key}]]")
+
+    return re.sub(r"\[\[(\$?\w+)\]\]", sub, template)
+
+
+def si_bytes(value: float) -> str:
+    """``20000000000`` -> ``20GB`` (decimal units, as disks are sold and the tutorial counts)."""
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if value >= size:
+            return f"{value / size:g}{unit}"
+    return f"{value:g}B"
+
+
+def number(value: float) -> str:
+    """A threshold as written in PromQL and prose: ``95`` not ``95.0``."""
+    return f"{value:g}"

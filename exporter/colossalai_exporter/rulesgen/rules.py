@@ -1,0 +1,472 @@
+"""Every alerting and recording rule, built from the rules config.
+
+Phases are the TrainingMonitor's: init, kernels, training, checkpointing,
+evaluating, finished, failed (``colossalai_training_phase{phase}``). In every
+phase ``colossalai_training_step_timeout_seconds`` is the budget of that phase
+(start-up, step or checkpoint), so the stall rules compare against it rather
+than against one fixed number for every model size.
+
+Descriptions carry the numbers an on-call engineer needs; where a number is
+not the alert's value, the template queries it (``promql.query``).
+"""
+
+from __future__ import annotations
+
+from colossalai_exporter.rulesgen.config import RulesConfig
+from colossalai_exporter.rulesgen.model import Alert, Group, Recording, RuleFile
+from colossalai_exporter.rulesgen.promql import (
+    Selector,
+    expr,
+    fill,
+    number,
+    query,
+    regex_alternatives,
+    si_bytes,
+)
+
+RANK = ("job", "instance", "rank")
+
+# Recording rules other rules and the dashboards use.
+STEP_RATE = "job_rank:colossalai_training_steps:rate5m"
+STEP_RATE_MEDIAN = "job:colossalai_training_steps:median_rate5m"
+STEP_RATE_RATIO = "job_rank:colossalai_training_steps:rate5m_ratio_to_median"
+STEP_MEAN = "job_rank:colossalai_training_step_duration_seconds:mean5m"
+GPU_MEM_MAX = "instance:colossalai_gpu_memory_used_percent:max"
+HOST_MEM_AVAIL = "instance:colossalai_host_memory_available_bytes:percent"
+
+
+def _training_dash() -> tuple[str, dict[str, str]]:
+    return ("colossalai-training", {"job": "{{ $labels.job | urlquery }}",
+                                    "rank": "{{ $labels.rank | urlquery }}"})
+
+
+def _nodes_dash() -> tuple[str, dict[str, str]]:
+    return ("colossalai-nodes", {"job": "{{ $labels.job | urlquery }}",
+                                 "instance": "{{ $labels.instance | urlquery }}"})
+
+
+def _chat_dash() -> tuple[str, dict[str, str]]:
+    return ("colossalai-chat", {"job": "{{ $labels.job | urlquery }}",
+                                "instance": "{{ $labels.instance | urlquery }}"})
+
+
+def _budget() -> str:
+    return query("colossalai_training_step_timeout_seconds", RANK, "value | humanizeDuration")
+
+
+def training(config: RulesConfig) -> RuleFile:
+    t = Selector(config.selectors.training)
+    n = Selector(config.selectors.node)
+    th = config.thresholds
+    phase = "colossalai_training_phase"
+    phase_start = t("colossalai_training_phase_start_timestamp_seconds")
+    timeout = t("colossalai_training_step_timeout_seconds")
+
+    recording = Group("colossalai-training.recording", (
+        Recording(STEP_RATE, expr(f"""
+            sum by (job, rank) (rate({t("colossalai_training_steps_total")}[5m]))
+        """)),
+        Recording(STEP_RATE_MEDIAN, f"quantile by (job) (0.5, {STEP_RATE})"),
+        Recording(STEP_RATE_RATIO, f"{STEP_RATE} / on (job) group_left () {STEP_RATE_MEDIAN}"),
+        Recording(STEP_MEAN, expr(f"""
+              sum by (job, rank) (rate({t("colossalai_training_step_duration_seconds_sum")}[5m]))
+            /
+              sum by (job, rank) (rate({t("colossalai_training_step_duration_seconds_count")}[5m]))
+        """)),
+    ))
+
+    def phase_over_budget(name: str, phases: str, summary: str, what: str,
+                          severity: str) -> Alert:
+        matcher = f'phase=~"{phases}"' if "|" in phases else f'phase="{phases}"'
+        return Alert(
+            name,
+            expr(f"""
+                (time() - {phase_start} > {timeout})
+                * ignoring (phase) group_left (phase)
+                  ({t(phase, matcher)} == 1)
+            """),
+            severity, summary,
+            fill("Rank [[$rank]] of job [[$job]] ([[$instance]]) has been in phase "
+                 "[[$phase]] for {{ $value | humanizeDuration }}, beyond its budget of "
+                 "[[budget]]: [[what]].", budget=_budget(), what=what),
+            _training_dash())
+
+    alerts = Group("colossalai-training.alerts", (
+        Alert(
+            "TrainingStalled",
+            # Time in phase training without a step: since the last step, or since the
+            # rank (re-)entered training (after start-up or a checkpoint), whichever is later.
+            expr(f"""
+                (
+                  time()
+                  - (
+                      {t("colossalai_training_last_step_timestamp_seconds")} > {phase_start}
+                    or
+                      {phase_start}
+                  )
+                )
+                > {timeout}
+                and ignoring (phase)
+                  {t(phase, 'phase="training"')} == 1
+            """),
+            "critical", "A training rank has made no step for longer than its step budget.",
+            fill("Rank [[$rank]] of job [[$job]] ([[$instance]]) has made no training step "
+                 "for {{ $value | humanizeDuration }} (step budget [[budget]]).",
+                 budget=_budget()),
+            _training_dash()),
+        phase_over_budget(
+            "TrainingStartupStuck", "init|kernels",
+            "A training rank is stuck in start-up (init or kernel build) beyond its budget.",
+            "model set-up or a JIT kernel build that does not finish", "critical"),
+        phase_over_budget(
+            "CheckpointStuck", "checkpointing",
+            "A checkpoint save has run longer than its budget.",
+            "a checkpoint save that does not finish", "critical"),
+        Alert(
+            "CheckpointOverdue",
+            # Before the first checkpoint the run's start (the rank server's process start)
+            # stands in for the last success, so a run that never checkpoints fires too.
+            expr(f"""
+                (
+                  time()
+                  - (
+                      {t("colossalai_checkpoint_last_success_timestamp_seconds")} > 0
+                    or
+                      ({t("colossalai_checkpoint_last_success_timestamp_seconds")} == 0)
+                      + on (job, instance) group_left ()
+                        {t("process_start_time_seconds")}
+                  )
+                )
+                > {number(th.checkpoint_interval.seconds)}
+                and ignoring (phase)
+                  {t(phase, 'phase="training"')} == 1
+            """),
+            "warning", "No successful checkpoint for longer than the configured interval.",
+            fill("Rank [[$rank]] of job [[$job]] ([[$instance]]) has had no successful "
+                 "checkpoint for {{ $value | humanizeDuration }} while training (expected at "
+                 "least every [[interval]]); last checkpointed step: [[step]].",
+                 interval=th.checkpoint_interval,
+                 step=query("colossalai_checkpoint_last_step", RANK, "value", otherwise="none")),
+            _training_dash()),
+        Alert(
+            "TrainingRankDown",
+            # The node agent's outside view: a SIGKILLed, OOM-killed or frozen rank.
+            expr(f"""
+                {n("colossalai_rank_up")} == 0
+                unless ignoring (phase)
+                  {n(phase, 'phase="finished"')} == 1
+            """),
+            "critical", "A training rank's process is gone or has stopped publishing its state.",
+            fill("Rank [[$rank]] on [[$instance]] is down: its process is gone or frozen "
+                 "(state snapshot [[age]] old).",
+                 age=query("colossalai_rank_snapshot_age_seconds", RANK,
+                           "value | humanizeDuration")),
+            _nodes_dash(), cause="process"),
+        Alert(
+            "TrainingRankDown",
+            f"{t('up')} == 0",
+            "critical", "A training rank's process is gone or has stopped publishing its state.",
+            fill("Prometheus cannot scrape the rank server [[$instance]] of job [[$job]]: the "
+                 "rank's process is gone, wedged or unreachable."),
+            ("colossalai-training", {"job": "{{ $labels.job | urlquery }}"}), cause="scrape"),
+        Alert(
+            "TrainingStraggler",
+            f"{STEP_RATE_RATIO} < {number(th.straggler_ratio)}",
+            "warning", "A training rank is much slower than the rest of its job.",
+            fill("Rank [[$rank]] of job [[$job]] steps at {{ $value | humanizePercentage }} of "
+                 "the job's median rate ([[median]] steps/s), below [[ratio]].",
+                 median=query(STEP_RATE_MEDIAN, ("job",), 'value | printf "%.3g"'),
+                 ratio=f"{th.straggler_ratio:.0%}"),
+            _training_dash()),
+        Alert(
+            "GeminiOutOfMemory",
+            expr(f"""
+                sum by (job, device) (
+                  increase({t("colossalai_gemini_oom_total")}[{th.gemini_oom_window}])
+                ) > 0
+            """),
+            "critical", "Training hit out-of-memory errors.",
+            fill('{{ $value | printf "%.0f" }} out-of-memory errors on [[$device]] in job '
+                 "[[$job]] in the last [[window]].", window=th.gemini_oom_window),
+            ("colossalai-training", {"job": "{{ $labels.job | urlquery }}"})),
+        Alert(
+            "KernelsNotReady",
+            expr(f"""
+                {t("colossalai_kernels_ready")} == 0
+                unless ignoring (phase)
+                  {t(phase, 'phase=~"finished|failed"')} == 1
+            """),
+            "warning", "A training rank's ColossalAI kernels are not ready.",
+            fill("Rank [[$rank]] of job [[$job]] ([[$instance]]) has reported its kernels not "
+                 "ready for more than [[for]] (phase [[phase]]).",
+                 phase=query(phase, RANK, 'label "phase"', extra=" == 1"),
+                 **{"for": config.for_["KernelsNotReady"]}),
+            _training_dash()),
+        Alert(
+            "TrainingHeartbeatFailing",
+            expr(f"""
+                  {t("colossalai_heartbeat_last_attempt_timestamp_seconds")}
+                - {t("colossalai_heartbeat_last_success_timestamp_seconds")}
+                > {number(th.heartbeat_failing_after.seconds)}
+            """),
+            "warning", "A training heartbeat ping has not succeeded for several periods.",
+            fill("Heartbeat [[$heartbeat]] of rank [[$rank]] in job [[$job]] last succeeded "
+                 "{{ $value | humanizeDuration }} before its last attempt; the heartbeat "
+                 "service will report this run down although it may be healthy."),
+            _training_dash(), cause="no_success"),
+        Alert(
+            "TrainingHeartbeatFailing",
+            expr(f"""
+                sum by (job, instance, rank, heartbeat) (
+                  increase({t("colossalai_heartbeat_sends_total", 'result!="success"')}[{th.heartbeat_failing_after}])
+                ) > 0
+                unless
+                sum by (job, instance, rank, heartbeat) (
+                  increase({t("colossalai_heartbeat_sends_total", 'result="success"')}[{th.heartbeat_failing_after}])
+                ) > 0
+            """),  # noqa: E501 - one PromQL selector per line reads better unbroken
+            "warning", "A training heartbeat ping has not succeeded for several periods.",
+            fill('Heartbeat [[$heartbeat]] of rank [[$rank]] in job [[$job]]: '
+                 '{{ $value | printf "%.0f" }} pings failed or were dropped in the last '
+                 "[[window]] and none succeeded.", window=th.heartbeat_failing_after),
+            _training_dash(), cause="sends_failing"),
+    ))
+    return RuleFile("colossalai-training", (recording, alerts))
+
+
+def node(config: RulesConfig) -> RuleFile:
+    n = Selector(config.selectors.node)
+    th = config.thresholds
+    disk = ("job", "instance", "name", "path")
+
+    recording = Group("colossalai-node.recording", (
+        Recording(GPU_MEM_MAX, expr(f"""
+            max by (job, instance) ({n("colossalai_gpu_memory_used_percent")})
+        """)),
+        Recording(HOST_MEM_AVAIL, expr(f"""
+              100 * {n("colossalai_host_memory_available_bytes")}
+            / {n("colossalai_host_memory_total_bytes")}
+        """)),
+    ))
+    gpu = ("job", "instance", "gpu")
+    alerts = Group("colossalai-node.alerts", (
+        Alert(
+            "GPUMemoryOOMRisk",
+            f"{n('colossalai_gpu_memory_used_percent')} > {number(th.gpu_memory_used_percent)}",
+            "warning", "A GPU's memory is almost full.",
+            fill('GPU [[$gpu]] on [[$instance]] has {{ $value | printf "%.1f" }}% of its memory '
+                 "in use ([[used]]B of [[total]]B), above [[limit]]% for [[for]].",
+                 used=query("colossalai_gpu_memory_used_bytes", gpu, "value | humanize1024"),
+                 total=query("colossalai_gpu_memory_total_bytes", gpu, "value | humanize1024"),
+                 limit=number(th.gpu_memory_used_percent),
+                 **{"for": config.for_["GPUMemoryOOMRisk"]}),
+            _nodes_dash()),
+        Alert(
+            "HostMemoryOOMRisk",
+            f"{HOST_MEM_AVAIL} < {number(th.host_memory_available_percent)}",
+            "warning", "Host memory is almost exhausted.",
+            fill('[[$instance]] has only {{ $value | printf "%.1f" }}% of its memory available '
+                 "([[avail]]B), below [[limit]]% for [[for]].",
+                 avail=query("colossalai_host_memory_available_bytes", ("job", "instance"),
+                             "value | humanize1024"),
+                 limit=number(th.host_memory_available_percent),
+                 **{"for": config.for_["HostMemoryOOMRisk"]}),
+            _nodes_dash()),
+        Alert(
+            "CheckpointDiskLow",
+            # A broken path reports the free space of whatever is underneath (often the root
+            # filesystem): DiskPathBroken covers it, this rule would only mislead.
+            expr(f"""
+                {n("colossalai_disk_free_bytes")} < {th.disk_free_bytes}
+                and
+                  {n("colossalai_disk_path_ok")} == 1
+            """),
+            "critical", "A checkpoint or offload disk is almost full.",
+            fill("[[$name]] ([[$path]]) on [[$instance]] has {{ $value | humanize }}B free, "
+                 "below [[limit]]: the next checkpoint or NVMe offload may fail.",
+                 limit=si_bytes(th.disk_free_bytes)),
+            _nodes_dash()),
+        Alert(
+            "CheckpointDiskLow",
+            expr(f"""
+                (
+                    100 * {n("colossalai_disk_free_bytes")} / {n("colossalai_disk_total_bytes")}
+                  < {number(th.disk_filling_free_percent)}
+                )
+                and
+                  predict_linear({n("colossalai_disk_free_bytes")}[{th.disk_filling_lookback}], {number(th.disk_filling_horizon.seconds)}) < 0
+                and
+                  {n("colossalai_disk_path_ok")} == 1
+            """),  # noqa: E501 - one PromQL selector per line reads better unbroken
+            "warning", "A checkpoint or offload disk is almost full.",
+            fill('[[$name]] ([[$path]]) on [[$instance]] has {{ $value | printf "%.1f" }}% free '
+                 "and, at the rate of the last [[lookback]], fills up within [[horizon]].",
+                 lookback=th.disk_filling_lookback, horizon=th.disk_filling_horizon),
+            _nodes_dash(), for_=th.disk_filling_for),
+        Alert(
+            "DiskPathBroken",
+            f"{n('colossalai_disk_path_ok')} == 0",
+            "critical", "A checkpoint or NVMe offload path is missing, read-only or hung.",
+            fill("[[$name]] ([[$path]]) on [[$instance]] is not usable: [[reason]].",
+                 reason=query("colossalai_disk_path_failure_info", disk, 'label "reason"')),
+            _nodes_dash()),
+        Alert(
+            "NCCLRendezvousDown",
+            # Only while ranks run on the node: between runs nothing listens there.
+            expr(f"""
+                {n("colossalai_nccl_up")} == 0
+                and on (job, instance)
+                  count by (job, instance) ({n("colossalai_rank_up")}) > 0
+            """),
+            "critical", "The rendezvous endpoint of a running job is unreachable.",
+            fill("[[$instance]] cannot reach the rendezvous endpoint [[$target]] ([[reason]]) "
+                 "while training ranks run there.",
+                 reason=query("colossalai_nccl_failure_info", ("job", "instance", "target"),
+                              'label "reason"')),
+            _nodes_dash()),
+        Alert(
+            "GPUCollectorDown",
+            n("colossalai_exporter_collector_up", 'collector="gpu"') + " == 0",
+            "warning", "The node agent cannot read its GPUs.",
+            fill("The GPU collector on [[$instance]] has failed for [[for]] ([[reason]]); GPU "
+                 "memory alerts are blind on this node.",
+                 reason=query("colossalai_exporter_collector_failure_info",
+                              ("job", "instance", "collector"), 'label "reason"'),
+                 **{"for": config.for_["GPUCollectorDown"]}),
+            _nodes_dash()),
+    ))
+    return RuleFile("colossalai-node", (recording, alerts))
+
+
+def chat(config: RulesConfig) -> RuleFile:
+    p = Selector(config.selectors.probe)
+    th = config.thresholds
+    target = ("job", "instance")
+    alerts = Group("colossalai-chat.alerts", (
+        Alert(
+            "ChatServerDown",
+            # An engine error has its own, more precise alert.
+            expr(f"""
+                {p("probe_success")} == 0
+                unless on (job, instance)
+                  {p("probe_failure_info", 'reason="engine_error"')}
+            """),
+            "critical", "A chat or inference server does not answer its probe.",
+            fill("Probes of [[$instance]] have failed for [[for]]: [[reason]] (HTTP status "
+                 "[[status]]).",
+                 reason=query("probe_failure_info", target, 'label "reason"'),
+                 status=query("probe_http_status_code", target, "value"),
+                 **{"for": config.for_["ChatServerDown"]}),
+            _chat_dash()),
+        Alert(
+            "ChatEngineError",
+            p("probe_failure_info", 'reason="engine_error"') + " == 1",
+            "critical", "An inference server answers but its engine reports Error.",
+            fill("[[$instance]] answers HTTP 200 but its inference engine reports Error "
+                 "(/engine_check) for [[for]].", **{"for": config.for_["ChatEngineError"]}),
+            _chat_dash()),
+        Alert(
+            "ChatLatencyHigh",
+            expr(f"""
+                {p("probe_duration_seconds")} > {number(th.chat_latency_seconds)}
+                and
+                  {p("probe_success")} == 1
+            """),
+            "warning", "A chat or inference server answers slowly.",
+            fill("Probes of [[$instance]] take {{ $value | humanizeDuration }}, above [[limit]]s "
+                 "for [[for]].", limit=number(th.chat_latency_seconds),
+                 **{"for": config.for_["ChatLatencyHigh"]}),
+            _chat_dash()),
+    ))
+    return RuleFile("colossalai-chat", (alerts,))
+
+
+def pipeline(config: RulesConfig) -> RuleFile:
+    b = Selector(config.selectors.bridge)
+    th = config.thresholds
+    jobs = regex_alternatives(config.expected_jobs)
+    exporter_down: list[Alert] = []
+    if config.expected_jobs:
+        exporter_down.append(Alert(
+            "ExporterDown",
+            f'up{{job=~"{jobs}"}} == 0',
+            "warning", "Prometheus cannot scrape a colossalai-exporter target.",
+            fill("Prometheus has failed to scrape [[$instance]] of job [[$job]] for [[for]]: "
+                 "alerts that depend on it are blind.",
+                 **{"for": config.for_["ExporterDown"]}),
+            cause="target_down"))
+        exporter_down.append(Alert(
+            "ExporterDown",
+            "\nor\n".join(f'absent(up{{job="{job}"}})' for job in config.expected_jobs),
+            "warning", "Prometheus cannot scrape a colossalai-exporter target.",
+            fill("Prometheus has no target for job [[$job]] (service discovery or scrape "
+                 "config): alerts that depend on it are blind."),
+            cause="absent"))
+    target = ("job", "instance", "target")
+    alerts = Group("colossalai-pipeline.alerts", (
+        *exporter_down,
+        Alert(
+            "BridgeDeliveryFailing",
+            expr(f"""
+                time() - {b("colossalai_bridge_last_success_timestamp_seconds")}
+                > {number(th.bridge_no_success_after.seconds)}
+                and
+                  {b("colossalai_bridge_queue_depth")} > 0
+            """),
+            "critical", "The bridge cannot deliver to a heartbeat or webhook target.",
+            fill("The bridge has [[depth]] deliveries pending for target [[$target]] and no "
+                 "success for {{ $value | humanizeDuration }}.",
+                 depth=query("colossalai_bridge_queue_depth", target, "value")),
+            None, cause="no_success"),
+        Alert(
+            "BridgeDeliveryFailing",
+            expr(f"""
+                increase({b("colossalai_bridge_dead_letters_total")}[{th.bridge_dead_letter_window}])
+                > 0
+            """),
+            "critical", "The bridge cannot deliver to a heartbeat or webhook target.",
+            fill('The bridge gave up on {{ $value | printf "%.0f" }} deliveries to target '
+                 "[[$target]] in the last [[window]] (dead letters).",
+                 window=th.bridge_dead_letter_window),
+            None, cause="dead_letters"),
+        Alert(
+            "BridgeQueueBacklog",
+            expr(f"""
+                {b("colossalai_bridge_oldest_pending_age_seconds")}
+                > {number(th.bridge_oldest_pending_age.seconds)}
+            """),
+            "warning", "Deliveries are piling up in the bridge.",
+            fill("The oldest of [[depth]] pending deliveries to target [[$target]] is "
+                 "{{ $value | humanizeDuration }} old (threshold [[limit]]).",
+                 depth=query("colossalai_bridge_queue_depth", target, "value"),
+                 limit=th.bridge_oldest_pending_age),
+            None),
+        Alert(
+            "Watchdog",
+            "vector(1)",
+            "info", "The alerting pipeline's dead man's switch (always firing).",
+            "This alert always fires. Alertmanager sends it to the bridge every minute and the "
+            "bridge pings a heartbeat; when the pings stop, something between Prometheus, "
+            "Alertmanager, the bridge and the heartbeat service is broken."),
+    ))
+    return RuleFile("colossalai-pipeline", (alerts,))
+
+
+def build(config: RulesConfig) -> tuple[RuleFile, ...]:
+    """Every rule file, in the order they are written."""
+    return (training(config), node(config), chat(config), pipeline(config))
+
+
+def alert_names() -> set[str]:
+    """Names of every alert (the keys ``for`` must have)."""
+    return set(ALERT_NAMES)
+
+
+ALERT_NAMES = (
+    "TrainingStalled", "TrainingStartupStuck", "CheckpointStuck", "CheckpointOverdue",
+    "TrainingRankDown", "TrainingStraggler", "GeminiOutOfMemory", "KernelsNotReady",
+    "TrainingHeartbeatFailing", "GPUMemoryOOMRisk", "HostMemoryOOMRisk", "CheckpointDiskLow",
+    "DiskPathBroken", "NCCLRendezvousDown", "GPUCollectorDown", "ChatServerDown",
+    "ChatEngineError", "ChatLatencyHigh", "ExporterDown", "BridgeDeliveryFailing",
+    "BridgeQueueBacklog", "Watchdog",
+)

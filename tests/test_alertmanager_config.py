@@ -1,0 +1,235 @@
+"""deploy/alertmanager: the real amtool checks the config, routes and Slack templates."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from conftest import REPO, free_port, http_get, require_binary, wait_until
+
+AM_DIR = REPO / "deploy" / "alertmanager"
+CONFIG = AM_DIR / "alertmanager.yml"
+
+
+def _amtool(*args: str, cwd: Path = AM_DIR) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([require_binary("amtool"), *args], capture_output=True, text=True,
+                          timeout=30, check=False, cwd=cwd)
+
+
+def _config() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(CONFIG.read_text())
+    return data
+
+
+def test_amtool_check_config_passes() -> None:
+    result = _amtool("check-config", str(CONFIG))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "1 templates" in result.stdout
+
+
+# One case per route: Watchdog, critical, warning, info.
+ROUTES = [
+    (["alertname=Watchdog", "severity=info"], "bridge-watchdog"),
+    (["alertname=TrainingStalled", "severity=critical", "job=llama-70b", "rank=3"],
+     "bridge,slack-critical"),
+    (["alertname=GPUMemoryOOMRisk", "severity=warning", "job=colossalai-node"],
+     "bridge,slack-warning"),
+    (["alertname=SomethingInformational", "severity=info", "job=colossalai-node"], "bridge"),
+]
+
+
+@pytest.mark.parametrize(("labels", "receivers"), ROUTES)
+def test_route(labels: list[str], receivers: str) -> None:
+    result = _amtool("config", "routes", "test", f"--config.file={CONFIG}",
+                     f"--verify.receivers={receivers}", *labels)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() == receivers
+
+
+def test_route_verification_can_fail() -> None:
+    """The cases above would catch a wrong route: amtool exits 1 on a mismatch."""
+    result = _amtool("config", "routes", "test", f"--config.file={CONFIG}",
+                     "--verify.receivers=bridge", "alertname=TrainingStalled", "severity=critical")
+    assert result.returncode == 1
+
+
+def test_routing_tree_settings() -> None:
+    route = _config()["route"]
+    assert route["group_by"] == ["alertname", "job"]
+    watchdog, bridge, critical, warning = route["routes"]
+    assert watchdog["matchers"] == ['alertname="Watchdog"']
+    # FACTS.md: a ping about every minute
+    assert (watchdog["group_wait"], watchdog["group_interval"], watchdog["repeat_interval"]) == (
+        "0s", "1m", "1m")
+    assert not watchdog.get("continue", False)
+    assert bridge == {"receiver": "bridge", "continue": True}
+    assert critical["matchers"] == ['severity="critical"']
+    assert warning["matchers"] == ['severity="warning"']
+
+
+def test_receivers_read_secrets_from_files_and_send_resolved() -> None:
+    receivers = {r["name"]: r for r in _config()["receivers"]}
+    for name in ("slack-critical", "slack-warning"):
+        (slack,) = receivers[name]["slack_configs"]
+        assert slack["send_resolved"] is True
+        assert slack["api_url_file"].startswith("/etc/alertmanager/secrets/")
+        assert "api_url" not in slack
+        assert "colossalai.slack.title" in slack["title"]
+    assert receivers["slack-critical"]["slack_configs"][0]["channel"] != \
+        receivers["slack-warning"]["slack_configs"][0]["channel"]
+    for name, resolved in (("bridge", True), ("bridge-watchdog", False)):
+        (hook,) = receivers[name]["webhook_configs"]
+        assert hook["send_resolved"] is resolved
+        auth = hook["http_config"]["authorization"]
+        assert auth["type"] == "Bearer"
+        assert auth["credentials_file"] == "/etc/alertmanager/secrets/bridge-token"
+        assert "credentials" not in auth
+
+
+def test_critical_inhibits_warning_and_info_of_the_same_alert_and_job() -> None:
+    (rule,) = _config()["inhibit_rules"]
+    assert rule == {"source_matchers": ['severity="critical"'],
+                    "target_matchers": ['severity=~"warning|info"'],
+                    "equal": ["alertname", "job"]}
+
+
+STALLED = {
+    "summary": "A training rank has made no step for longer than its step budget.",
+    "runbook_url": "https://example.com/docs/runbooks.md#trainingstalled",
+    "dashboard_url": "http://grafana/d/colossalai-training/colossalai-training?var-job=llama-70b",
+}
+
+
+def _alert(rank: str, status: str = "firing", severity: str = "critical") -> dict[str, Any]:
+    return {
+        "status": status,
+        "labels": {"alertname": "TrainingStalled", "job": "llama-70b", "instance": "node-a:8766",
+                   "rank": rank, "severity": severity},
+        "annotations": {**STALLED, "description": f"Rank {rank} of job llama-70b (node-a:8766) "
+                        "has made no training step for 12m 4s (step budget 10m 0s)."},
+        "startsAt": "2024-05-01T10:00:00Z",
+        "endsAt": "0001-01-01T00:00:00Z" if status == "firing" else "2024-05-01T10:30:00Z",
+        "generatorURL": f"http://prometheus:9090/graph?g0.expr=stalled{rank}",
+        "fingerprint": "0123456789abcdef",
+    }
+
+
+def _data(alerts: list[dict[str, Any]], status: str = "firing") -> dict[str, Any]:
+    common = {k: v for k, v in alerts[0]["labels"].items()
+              if all(a["labels"].get(k) == v for a in alerts)}
+    return {"receiver": "slack-critical", "status": status, "alerts": alerts,
+            "groupLabels": {"alertname": "TrainingStalled", "job": "llama-70b"},
+            "commonLabels": common, "commonAnnotations": STALLED,
+            "externalURL": "http://alertmanager:9093"}
+
+
+def _render(tmp_path: Path, data: dict[str, Any], template: str) -> str:
+    path = tmp_path / "data.json"
+    path.write_text(json.dumps(data))
+    result = _amtool("template", "render", "--template.glob=templates/*.tmpl",
+                     f"--template.data={path}",
+                     f'--template.text={{{{ template "colossalai.slack.{template}" . }}}}')
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_slack_message_for_one_stalled_rank(tmp_path: Path) -> None:
+    data = _data([_alert("3")])
+    assert _render(tmp_path, data, "title") == "🔴 FIRING: TrainingStalled — job llama-70b"
+    assert _render(tmp_path, data, "color") == "danger"
+    assert _render(tmp_path, data, "title_link") == STALLED["dashboard_url"]
+    assert _render(tmp_path, data, "text").splitlines() == [
+        "*A training rank has made no step for longer than its step budget.*",
+        "• Rank 3 of job llama-70b (node-a:8766) has made no training step for 12m 4s "
+        "(step budget 10m 0s).",
+        "   <https://example.com/docs/runbooks.md#trainingstalled|:book: Runbook>"
+        " · <http://grafana/d/colossalai-training/colossalai-training?var-job=llama-70b"
+        "|:bar_chart: Dashboard> · <http://prometheus:9090/graph?g0.expr=stalled3|:mag: Query>",
+        "<http://alertmanager:9093/#/silences/new?filter=%7Binstance%3D%22node-a%3A8766%22%2C%20"
+        "job%3D%22llama-70b%22%2C%20rank%3D%223%22%2C%20severity%3D%22critical%22%2C%20"
+        "alertname%3D%22TrainingStalled%22%7D|:no_bell: Silence>",
+    ]
+
+
+def test_slack_message_for_several_ranks_counts_them(tmp_path: Path) -> None:
+    data = _data([_alert("3"), _alert("5")])
+    assert _render(tmp_path, data, "title") == (
+        "🔴 FIRING: TrainingStalled — job llama-70b (2 firing)")
+    text = _render(tmp_path, data, "text")
+    assert text.count("• Rank") == 2
+    # the silence covers the group, not one rank
+    assert "rank%3D" not in text.splitlines()[-1]
+
+
+def test_slack_message_when_resolved(tmp_path: Path) -> None:
+    data = _data([_alert("3", status="resolved")], status="resolved")
+    assert _render(tmp_path, data, "title") == "✅ RESOLVED: TrainingStalled — job llama-70b"
+    assert _render(tmp_path, data, "color") == "good"
+    text = _render(tmp_path, data, "text")
+    assert "• ✅ resolved: Rank 3" in text
+    assert "Silence" not in text
+
+
+def test_slack_title_for_a_warning_without_job(tmp_path: Path) -> None:
+    alert = _alert("0", severity="warning")
+    del alert["labels"]["job"]
+    data = _data([alert])
+    data["commonAnnotations"] = {"summary": "s"}
+    assert _render(tmp_path, data, "title") == "🟠 FIRING: TrainingStalled"
+    assert _render(tmp_path, data, "title_link") == (
+        "http://alertmanager:9093/#/alerts?receiver=slack-critical")
+
+
+@pytest.mark.slow
+def test_real_alertmanager_inhibits_warning_of_same_alert_and_job(tmp_path: Path) -> None:
+    """The config loaded by a real Alertmanager: critical mutes its own warning, not others."""
+    binary = require_binary("prometheus-alertmanager")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = tmp_path / "alertmanager.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [binary, f"--config.file={CONFIG}", f"--storage.path={tmp_path}",
+             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+            stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            wait_until(lambda: http_get(url + "/-/ready", timeout=1)[0] == 200, timeout=20,
+                       what="alertmanager ready")
+
+            def alert(severity: str, job: str) -> dict[str, Any]:
+                return {"labels": {"alertname": "CheckpointDiskLow", "severity": severity,
+                                   "job": job, "instance": "node-a:9466"},
+                        "annotations": {"summary": "s", "description": "d"}}
+
+            body = json.dumps([alert("critical", "colossalai-node"),
+                               alert("warning", "colossalai-node"),
+                               alert("warning", "other-job")]).encode()
+            request = urllib.request.Request(url + "/api/v2/alerts", data=body, method="POST",
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=5) as response:
+                assert response.status == 200
+
+            def states() -> dict[tuple[str, str], str] | None:
+                alerts = json.loads(http_get(url + "/api/v2/alerts", timeout=2)[2])
+                got = {(a["labels"]["severity"], a["labels"]["job"]): a["status"]["state"]
+                       for a in alerts}
+                return got if len(got) == 3 and "unprocessed" not in got.values() else None
+
+            assert wait_until(states, timeout=10, what="alerts processed") == {
+                ("critical", "colossalai-node"): "active",
+                ("warning", "colossalai-node"): "suppressed",
+                ("warning", "other-job"): "active",
+            }
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)

@@ -1,0 +1,142 @@
+"""``colossalai-exporter rules``: committed files current, overrides, readable errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from colossalai_exporter.errors import ConfigError
+from colossalai_exporter.rulesgen import config as rules_config
+from colossalai_exporter.rulesgen import rules
+from colossalai_exporter.rulesgen.cli import DEFAULT_CONFIG, generate
+from conftest import REPO, run_cli
+
+
+def _render_to(tmp_path: Path, *extra: str) -> tuple[int, str]:
+    result = run_cli("rules", "--output-dir", str(tmp_path / "rules"),
+                     "--kubernetes-output", str(tmp_path / "k8s.yaml"), *extra)
+    return result.returncode, result.stderr
+
+
+def test_committed_files_are_current() -> None:
+    result = run_cli("rules", "--check")
+    assert result.returncode == 0, result.stderr
+
+
+def test_check_reports_a_stale_file(tmp_path: Path) -> None:
+    assert _render_to(tmp_path)[0] == 0
+    assert _render_to(tmp_path, "--check")[0] == 0
+    target = tmp_path / "rules" / "colossalai-node.rules.yml"
+    target.write_text(target.read_text().replace("> 95", "> 99"))
+    code, err = _render_to(tmp_path, "--check")
+    assert code == 1
+    assert err.strip() == f"{target} is stale: run 'colossalai-exporter rules'"
+
+
+def test_every_alert_has_a_for_window_and_the_names_match() -> None:
+    cfg = rules_config.load(DEFAULT_CONFIG, alerts=rules.alert_names())
+    built = {r.name for f in rules.build(cfg) for g in f.groups for r in g.rules
+             if hasattr(r, "severity")}
+    assert built == rules.alert_names() == set(cfg.for_)
+
+
+def test_override_changes_only_what_it_names(tmp_path: Path) -> None:
+    override = tmp_path / "fast.yml"
+    override.write_text("for: {TrainingStalled: 2s}\nthresholds: {gpu_memory_used_percent: 90}\n")
+    base = generate(kubernetes_path=None)
+    fast = generate(overrides=[override], kubernetes_path=None)
+    changed = {p.name for p in base if base[p] != fast[p]}
+    assert changed == {"colossalai-training.rules.yml", "colossalai-node.rules.yml"}
+    training = yaml.safe_load(fast[REPO / "rules" / "colossalai-training.rules.yml"])
+    stalled = [r for g in training["groups"] for r in g["rules"]
+               if r.get("alert") == "TrainingStalled"]
+    assert stalled[0]["for"] == "2s"
+    node = yaml.safe_load(fast[REPO / "rules" / "colossalai-node.rules.yml"])
+    gpu = [r for g in node["groups"] for r in g["rules"] if r.get("alert") == "GPUMemoryOOMRisk"]
+    assert gpu[0]["expr"].endswith("> 90")
+
+
+def test_zero_for_window_is_omitted(tmp_path: Path) -> None:
+    pipeline = yaml.safe_load(generate(kubernetes_path=None)[
+        REPO / "rules" / "colossalai-pipeline.rules.yml"])
+    watchdog = [r for g in pipeline["groups"] for r in g["rules"] if r.get("alert") == "Watchdog"]
+    assert "for" not in watchdog[0]
+
+
+def test_prometheus_rule_holds_every_group() -> None:
+    files = generate()
+    k8s = yaml.safe_load(files[REPO / "deploy" / "kubernetes" / "prometheusrule.yaml"])
+    assert k8s["apiVersion"] == "monitoring.coreos.com/v1"
+    assert k8s["kind"] == "PrometheusRule"
+    assert k8s["metadata"]["labels"]["role"] == "alert-rules"
+    groups = [g for p, text in files.items() if p.suffix == ".yml"
+              for g in yaml.safe_load(text)["groups"]]
+    assert k8s["spec"]["groups"] == groups
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("thresholds: {gpu_memory_percent: 90}",
+     "thresholds.gpu_memory_percent: unknown key (known: straggler_ratio, "),
+    ("thresholds: {gpu_memory_used_percent: high}",
+     "thresholds.gpu_memory_used_percent: expected a number, got 'high'"),
+    ("thresholds: {gpu_memory_used_percent: true}",
+     "thresholds.gpu_memory_used_percent: expected a number, got True"),
+    ("thresholds: {disk_free_bytes: 2.5}",
+     "thresholds.disk_free_bytes: expected an integer, got 2.5"),
+    ("thresholds: {checkpoint_interval: 2 hours}",
+     "thresholds.checkpoint_interval: '2 hours' is not a Prometheus duration"),
+    ("thresholds: {checkpoint_interval: 7200}",
+     "thresholds.checkpoint_interval: expected a duration (like 30s, 5m, 1h30m), got 7200"),
+    ("for: {TrainingStaled: 1m}", "for.TrainingStaled: unknown key (known: TrainingStalled, "),
+    ("selectors: {training: 5}", "selectors.training: expected a string, got 5"),
+    ("expected_jobs: colossalai-node", "expected_jobs: expected a list of strings"),
+    ("runbook_url: https://example.com/runbooks", "runbook_url: must contain {anchor}"),
+    ("- a list", "must be a YAML mapping, got list"),
+])
+def test_bad_override_is_one_line_and_exit_2(tmp_path: Path, override: str,
+                                             message: str) -> None:
+    path = tmp_path / "override.yml"
+    path.write_text(override + "\n")
+    code, err = _render_to(tmp_path, "--override", str(path))
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"colossalai-exporter: error: {path}: ") or \
+        lines[0].startswith("colossalai-exporter: error: rules override")
+    assert message in lines[0]
+    assert not (tmp_path / "rules").exists()
+
+
+def test_bad_base_config_names_the_file(tmp_path: Path) -> None:
+    data = yaml.safe_load(DEFAULT_CONFIG.read_text())
+    del data["for"]["Watchdog"]
+    data["for"]["Watchdogg"] = "0s"
+    path = tmp_path / "config.yml"
+    path.write_text(yaml.safe_dump(data))
+    result = run_cli("rules", "--config.file", str(path), "--check")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        f"colossalai-exporter: error: {path}: for.Watchdogg: unknown alert (alerts: "
+        + ", ".join(sorted(rules.alert_names())) + ")")
+    del data["for"]["Watchdogg"]
+    path.write_text(yaml.safe_dump(data))
+    with pytest.raises(ConfigError, match=r"for\.Watchdog: missing"):
+        rules_config.load(path, alerts=rules.alert_names())
+
+
+def test_unknown_flag_is_one_line() -> None:
+    result = run_cli("rules", "--frobnicate")
+    assert result.returncode == 2
+    assert result.stderr.strip() == ("colossalai-exporter: error: unrecognized arguments: "
+                                     "--frobnicate")
+
+
+def test_durations() -> None:
+    assert rules_config.Duration.parse("1h30m").seconds == 5400
+    assert rules_config.Duration.parse("0s").seconds == 0
+    assert rules_config.Duration.parse("1d").seconds == 86400
+    for bad in ("", "5", "m5", "1h 30m", "-5m", "5M"):
+        with pytest.raises(ValueError, match="not a Prometheus duration"):
+            rules_config.Duration.parse(bad)

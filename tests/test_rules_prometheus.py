@@ -1,0 +1,146 @@
+"""The generated rules in a real Prometheus, scraping a real HTTP exposition of a stalled rank.
+
+The exposition is built with the catalogue's own families (so a renamed metric
+changes both sides) and served by a small loopback HTTP server standing in for
+rank 0's monitor: it mimics TrainingMonitor's /metrics for two ranks, one
+stalled and one stepping. Rules are rendered with `for: 2s` (an override file,
+as users would) and evaluated every second.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.core import Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from colossalai_exporter import catalogue
+from conftest import free_port, http_get, require_binary, run_cli, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+class StalledRanks(Collector):
+    """Rank 0 stopped stepping 100 s ago with a 5 s budget; rank 1 steps at every scrape."""
+
+    def __init__(self) -> None:
+        self.started = time.time() - 100
+
+    def collect(self) -> Iterator[Metric]:
+        now = time.time()
+        phase = catalogue.family("colossalai_training_phase")
+        start = catalogue.family("colossalai_training_phase_start_timestamp_seconds")
+        last = catalogue.family("colossalai_training_last_step_timestamp_seconds")
+        budget = catalogue.family("colossalai_training_step_timeout_seconds")
+        steps = catalogue.family("colossalai_training_steps_total")
+        for rank, last_step in (("0", self.started), ("1", now)):
+            for name in ("init", "kernels", "training", "checkpointing"):
+                phase.add_metric([rank, name], 1.0 if name == "training" else 0.0)
+            start.add_metric([rank], self.started)
+            last.add_metric([rank], last_step)
+            budget.add_metric([rank], 5.0)
+            steps.add_metric([rank], 42.0)
+        yield from (phase, start, last, budget, steps)
+
+
+@pytest.fixture
+def exposition() -> Iterator[str]:
+    registry = CollectorRegistry()
+    registry.register(StalledRanks())
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = generate_latest(registry)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def _api(url: str, path: str) -> Any:
+    status, _, body = http_get(url + path, timeout=2)
+    assert status == 200, body
+    return json.loads(body)["data"]
+
+
+def test_training_stalled_fires_in_prometheus(tmp_path: Path, exposition: str) -> None:
+    prometheus = require_binary("prometheus")
+    override = tmp_path / "fast.yml"
+    override.write_text("for: {TrainingStalled: 2s}\n")
+    rendered = run_cli("rules", "--override", str(override), "--output-dir",
+                       str(tmp_path / "rules"), "--kubernetes-output", "")
+    assert rendered.returncode == 0, rendered.stderr
+    config = tmp_path / "prometheus.yml"
+    config.write_text(f"""
+global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+rule_files: ["{tmp_path}/rules/*.rules.yml"]
+scrape_configs:
+  - job_name: colossalai-training
+    static_configs: [{{targets: ["{exposition}"]}}]
+""")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = tmp_path / "prometheus.log"
+    log = log_path.open("w")
+    proc = subprocess.Popen(
+        [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+         f"--web.listen-address=127.0.0.1:{port}"],
+        stdout=subprocess.DEVNULL, stderr=log)
+    try:
+        def firing() -> list[dict[str, Any]]:
+            assert proc.poll() is None, log_path.read_text()
+            alerts = _api(url, "/api/v1/alerts")["alerts"]
+            return [a for a in alerts
+                    if a["labels"]["alertname"] == "TrainingStalled" and a["state"] == "firing"]
+
+        started = time.monotonic()
+        (alert,) = wait_until(firing, timeout=30, interval=0.25, what="TrainingStalled firing")
+        assert time.monotonic() - started < 30
+        assert alert["labels"] == {"alertname": "TrainingStalled", "severity": "critical",
+                                   "job": "colossalai-training", "instance": exposition,
+                                   "rank": "0"}
+        description = alert["annotations"]["description"]
+        assert description.startswith(f"Rank 0 of job colossalai-training ({exposition}) has "
+                                      "made no training step for 1m 4")
+        assert description.endswith("(step budget 5s).")
+        assert alert["annotations"]["runbook_url"].endswith("runbooks.md#trainingstalled")
+
+        # every rule in every file evaluates without error against live data
+        groups = _api(url, "/api/v1/rules")["groups"]
+        assert {g["file"].rsplit("/", 1)[-1] for g in groups} == {
+            f"colossalai-{n}.rules.yml" for n in ("training", "node", "chat", "pipeline")}
+        wait_until(lambda: all(r.get("lastEvaluation", "").startswith("2")
+                               and not r["lastEvaluation"].startswith("0001")
+                               for g in _api(url, "/api/v1/rules")["groups"]
+                               for r in g["rules"]), timeout=10, what="every rule evaluated")
+        for group in _api(url, "/api/v1/rules")["groups"]:
+            for rule in group["rules"]:
+                assert rule["health"] == "ok", (rule["name"], rule.get("lastError"))
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+        log.close()

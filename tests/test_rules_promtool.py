@@ -1,0 +1,137 @@
+"""The generated rules against the real promtool, the catalogue and the runbooks."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from colossalai_exporter import catalogue
+from colossalai_exporter.rulesgen import rules
+from colossalai_exporter.rulesgen.names import metric_names, template_queries
+from conftest import REPO, require_binary
+
+RULES_DIR = REPO / "rules"
+RULE_FILES = sorted(RULES_DIR.glob("*.rules.yml"))
+TEST_FILES = sorted((RULES_DIR / "tests").glob("*.test.yml"))
+K8S = REPO / "deploy" / "kubernetes" / "prometheusrule.yaml"
+# Series Prometheus itself writes for every target.
+PROMETHEUS_BUILTIN = {"up"}
+
+
+def _rules() -> list[dict[str, Any]]:
+    return [r for f in RULE_FILES for g in yaml.safe_load(f.read_text())["groups"]
+            for r in g["rules"]]
+
+
+def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([require_binary("promtool"), *args], capture_output=True, text=True,
+                          timeout=60, check=False, cwd=REPO)
+
+
+def test_rule_files_exist() -> None:
+    assert [f.name for f in RULE_FILES] == sorted(
+        f"colossalai-{n}.rules.yml" for n in ("training", "node", "chat", "pipeline"))
+
+
+def test_promtool_check_rules_is_clean(tmp_path: Path) -> None:
+    # the PrometheusRule's spec is a rule file too
+    spec = tmp_path / "prometheusrule-spec.yml"
+    spec.write_text(yaml.safe_dump(yaml.safe_load(K8S.read_text())["spec"]))
+    result = _promtool("check", "rules", *map(str, RULE_FILES), str(spec))
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "SUCCESS" in result.stdout
+
+
+def test_promtool_unit_tests_pass() -> None:
+    result = _promtool("test", "rules", *map(str, TEST_FILES))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _cases() -> list[dict[str, Any]]:
+    return [case for f in TEST_FILES for test in yaml.safe_load(f.read_text())["tests"]
+            for case in test.get("alert_rule_test", [])]
+
+
+def test_every_alert_rule_has_a_firing_case_with_every_annotation() -> None:
+    """Each rule (name, severity, cause) fires in some case that checks all its annotations."""
+    fired: dict[tuple[str, str, str], set[str]] = {}
+    for case in _cases():
+        for alert in case["exp_alerts"]:
+            labels = alert["exp_labels"]
+            key = (case["alertname"], labels["severity"], labels.get("cause", ""))
+            fired.setdefault(key, set()).update(alert.get("exp_annotations", {}))
+    for rule in _rules():
+        if "alert" not in rule:
+            continue
+        key = (rule["alert"], rule["labels"]["severity"], rule["labels"].get("cause", ""))
+        assert key in fired, f"no promtool case where {key} fires"
+        assert fired[key] >= set(rule["annotations"]), (key, set(rule["annotations"]) - fired[key])
+        assert "runbook_url" in fired[key]
+
+
+def test_every_alert_has_a_not_firing_case_and_one_before_for_elapses() -> None:
+    cases = _cases()
+    quiet = {c["alertname"] for c in cases if not c["exp_alerts"]}
+    # Watchdog always fires: it has no quiet case by design.
+    assert quiet == rules.alert_names() - {"Watchdog"}
+    windows = {r["alert"] for r in _rules() if "alert" in r and "for" in r}
+    assert windows <= quiet
+
+
+def test_every_rule_reads_only_catalogued_metrics() -> None:
+    known = catalogue.known_sample_names() | PROMETHEUS_BUILTIN
+    known |= {r["record"] for r in _rules() if "record" in r}
+    for rule in _rules():
+        used = metric_names(rule["expr"])
+        for text in rule.get("annotations", {}).values():
+            for promql in template_queries(text):
+                used |= metric_names(promql)
+        unknown = used - known
+        assert not unknown, f"{rule.get('alert') or rule.get('record')}: not catalogued: {unknown}"
+
+
+def test_recording_rules_are_named_level_metric_operations() -> None:
+    for rule in _rules():
+        if "record" in rule:
+            level, metric, ops = rule["record"].split(":")
+            assert level, rule["record"]
+            assert ops, rule["record"]
+            assert metric.startswith("colossalai_"), rule["record"]
+
+
+@pytest.mark.parametrize(("expr", "names"), [
+    ('sum by (job, rank) (rate(a_total{job="x", phase=~"a|b"}[5m]))', {"a_total"}),
+    ("quantile by (job) (0.5, x:y:z) / on (job) group_left () w", {"x:y:z", "w"}),
+    ("absent(up{job=\"a\"}) or absent(up{job='b'})", {"up"}),
+    ("time() - foo offset 5m > 1e9 and bar @ 100 unless baz", {"foo", "bar", "baz"}),
+    ("predict_linear(free[6h], 86400) < 0 and inf > nan", {"free"}),
+    ("vector(1)", set()),
+])
+def test_metric_name_extraction(expr: str, names: set[str]) -> None:
+    assert metric_names(expr) == names
+
+
+def test_every_alert_has_a_runbook_section_and_its_url() -> None:
+    text = (REPO / "docs" / "runbooks.md").read_text()
+    headings = set(re.findall(r"^## (\w+)\s*$", text, re.MULTILINE))
+    assert headings >= rules.alert_names()
+    for rule in _rules():
+        if "alert" in rule:
+            url = rule["annotations"]["runbook_url"]
+            assert url.endswith("docs/runbooks.md#" + rule["alert"].lower())
+
+
+def test_annotations_follow_the_conventions() -> None:
+    for rule in _rules():
+        if "alert" not in rule:
+            continue
+        annotations = rule["annotations"]
+        assert "{{" not in annotations["summary"], rule["alert"]
+        assert rule["labels"]["severity"] in ("critical", "warning", "info")
+        if rule["alert"] != "Watchdog":
+            assert "{{" in annotations["description"], rule["alert"]
