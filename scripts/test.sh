@@ -12,5 +12,6 @@ echo "== ruff"; ruff check exporter tests bench
 echo "== mypy"; mypy
 echo "== generated files are current"
 python -m colossalai_exporter docs --check
+python -m colossalai_exporter rules --check
 echo "== pytest"
 python -m pytest "$@"
