@@ -281,6 +281,7 @@ class TrainingMonitor:
                 self.run_dir = None
         self._thread = threading.Thread(target=self._publish_loop, name="colossalai-monitor",
                                         daemon=True)
+        self._wake.set()  # the first snapshot at once: the node agent sees the rank start
         self._thread.start()
         self._heartbeats.start()
         self._start_server()
