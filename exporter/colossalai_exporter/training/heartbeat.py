@@ -56,10 +56,24 @@ def check_url(url: str | None, name: str) -> str | None:
     except ValueError:
         valid = False
     if not valid:
-        log.warning("heartbeat URL is not an http(s) URL with a host; %s heartbeat disabled",
-                    name, extra={"heartbeat": name, "url": redact(url)})
+        log.warning("heartbeat URL %s is not an http(s) URL with a host; %s heartbeat "
+                    "disabled", redact(url), name, extra={"heartbeat": name})
         return None
     return url
+
+
+def _reason(exc: requests.RequestException) -> str:
+    # The project's fixed failure reasons; the exception text may carry the URL.
+    if isinstance(exc, requests.Timeout):
+        return "timeout"
+    if isinstance(exc, requests.exceptions.SSLError):
+        return "tls"
+    if isinstance(exc, requests.ConnectionError):
+        text = str(exc).lower()
+        if "name or service" in text or "resolve" in text or "nodename" in text:
+            return "dns"
+        return "refused"
+    return "error"
 
 
 class HeartbeatSender:
@@ -143,8 +157,8 @@ class HeartbeatSender:
             response.close()
         except requests.RequestException as exc:
             self._count(name, "failure")
-            log.warning("%s heartbeat failed: %s", name, type(exc).__name__,
-                        extra={"heartbeat": name, "url": redact(url)})
+            log.warning("%s heartbeat to %s failed: %s (%s)", name, redact(url), _reason(exc),
+                        type(exc).__name__, extra={"heartbeat": name})
             return
         except Exception as exc:  # never let the sender thread die
             self._count(name, "failure")
@@ -156,5 +170,5 @@ class HeartbeatSender:
             stats["last_success"] = time.time()
         else:
             self._count(name, "failure")
-            log.warning("%s heartbeat answered HTTP %d", name, response.status_code,
-                        extra={"heartbeat": name, "url": redact(url)})
+            log.warning("%s heartbeat to %s answered HTTP %d", name, redact(url),
+                        response.status_code, extra={"heartbeat": name})
