@@ -202,7 +202,7 @@ class DeviceTensor:
     unless ``loss_from_device`` is set.
     """
 
-    class device:  # noqa: N801 - mimics torch.device's attribute
+    class device:  # mimics the tensor attribute torch.device
         type = "cuda"
 
     def __init__(self, value: float) -> None:
