@@ -302,3 +302,18 @@ def test_snapshot_file_is_replaced_atomically_and_on_phase_change(tmp_path: Path
         assert not list(tmp_path.glob(".*.tmp"))
     finally:
         monitor.close()
+
+
+def test_package_root_and_node_side_never_import_torch() -> None:
+    import subprocess
+    import sys
+
+    from conftest import cli_env
+
+    code = ("import sys, colossalai_exporter, colossalai_exporter.node.ranks\n"
+            "from colossalai_exporter import TrainingMonitor\n"
+            "TrainingMonitor(serve='none', run_dir=None).close()\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    result = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
