@@ -168,12 +168,23 @@ RANKS: tuple[Metric, ...] = (
     _m("colossalai_rank_snapshot_age_seconds", "gauge",
        "Seconds since the rank last published its state snapshot.", ("rank",), "seconds",
        "ranks"),
+    _m("colossalai_rank_process_stopped", "gauge",
+       "1 while the rank's process exists but is stopped (SIGSTOP, a debugger), 0 otherwise.",
+       ("rank",), component="ranks"),
+    _m("colossalai_rank_snapshot_errors_total", "counter",
+       "Snapshot files in the run directory that could not be read or parsed.",
+       component="ranks"),
 )
 
 # ---------------------------------------------------------------------------
 # Training: the in-process TrainingMonitor.
 # ---------------------------------------------------------------------------
 TRAINING: tuple[Metric, ...] = (
+    _m("colossalai_training_info", "info",
+       "The run's software and layout (always 1): ColossalAI and torch versions, Booster "
+       "plugin, Gemini placement policy, tensor/pipeline/data parallel sizes, world size.",
+       ("rank", "colossalai_version", "torch_version", "plugin", "placement_policy",
+        "tp_size", "pp_size", "dp_size", "world_size"), component="training"),
     _m("colossalai_training_steps_total", "counter",
        "Training steps completed.", ("rank",), component="training"),
     _m("colossalai_training_last_step_timestamp_seconds", "gauge",
@@ -194,6 +205,9 @@ TRAINING: tuple[Metric, ...] = (
     _m("colossalai_training_tokens_total", "counter",
        "Tokens processed, when the training loop reports them.", ("rank",),
        component="training"),
+    _m("colossalai_training_stalled", "gauge",
+       "1 while the time since the last progress in the current phase exceeds "
+       "colossalai_training_step_timeout_seconds.", ("rank",), component="training"),
     _m("colossalai_training_stalls_total", "counter",
        "Stalls detected by the monitor (each leaves a stack dump in the run directory).",
        ("rank",), component="training"),
@@ -210,6 +224,9 @@ TRAINING: tuple[Metric, ...] = (
        "How long the last checkpoint took.", ("rank",), "seconds", "training"),
     _m("colossalai_checkpoint_failures_total", "counter",
        "Checkpoints that raised.", ("rank",), component="training"),
+    _m("colossalai_checkpoint_in_flight", "gauge",
+       "1 while a checkpoint is being written, including an async save whose writers the "
+       "checkpoint IO still holds.", ("rank",), component="training"),
     _m("colossalai_kernels_ready", "gauge",
        "1 once the rank's kernels are built or loaded.", ("rank",), component="training"),
     _m("colossalai_gemini_chunk_memory_bytes", "gauge",
@@ -227,6 +244,9 @@ TRAINING: tuple[Metric, ...] = (
     _m("colossalai_heartbeat_sends_total", "counter",
        "Heartbeat pings by result (success, failure, dropped).",
        ("rank", "heartbeat", "result"), component="training"),
+    _m("colossalai_training_monitor_errors_total", "counter",
+       "The monitor's own failures (it never raises into training), by where: publish, "
+       "loss, heartbeat, server, stacks, hook.", ("rank", "where"), component="training"),
 )
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,140 @@
+"""The node agent's ``ranks`` collector: every local training rank, seen from outside.
+
+Each rank's :class:`~colossalai_exporter.training.TrainingMonitor` writes a
+snapshot into the run directory about once a second. This collector reads
+them and, for each rank, serves:
+
+* ``colossalai_rank_up`` — 1 while the rank's process is alive (the pid exists
+  and started when the snapshot says, so a reused pid does not count) and its
+  snapshot is fresher than ``stale_after``; a rank SIGKILLed or OOM-killed by
+  the kernel drops to 0 at once, a frozen one (SIGSTOP, GIL held by a C call)
+  once its snapshot ages;
+* ``colossalai_rank_snapshot_age_seconds`` and ``colossalai_rank_process_stopped``;
+* the rank's training series from its last snapshot, with the stall judged
+  again now (``colossalai_training_stalled``): a frozen rank cannot say it is
+  stuck, the agent can.
+
+Snapshots of dead processes older than ``forget_after`` are ignored (an old
+run's leftovers). Never imports torch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+from prometheus_client.core import Metric as MetricFamily
+
+from colossalai_exporter import catalogue
+from colossalai_exporter.node.base import CollectorError
+from colossalai_exporter.training.families import families
+from colossalai_exporter.training.snapshot import (
+    default_run_dir,
+    iter_snapshot_files,
+    read_snapshot,
+)
+
+PID_START_TOLERANCE_SECONDS = 1.0
+
+
+def process_state(pid: int, pid_start: float | None) -> tuple[bool, bool]:
+    """(alive, stopped) for a pid, checking its start time when known."""
+    try:
+        proc = psutil.Process(pid)
+        if pid_start is not None and abs(proc.create_time() - pid_start) > \
+                PID_START_TOLERANCE_SECONDS:
+            return False, False  # the pid now belongs to another process
+        status = proc.status()
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False, False
+    except psutil.AccessDenied:
+        return True, False  # it exists; we may not look closer
+    if status in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD):
+        return False, False
+    return True, status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+
+
+class RanksCollector:
+    """Implements :class:`~colossalai_exporter.node.base.NodeCollector`."""
+
+    name = "ranks"
+    reasons = ("permission", "timeout")
+
+    def __init__(self, run_dir: Path | str | None = None, *, stale_after: float = 30.0,
+                 forget_after: float = 6 * 3600.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir()
+        self.stale_after = stale_after
+        self.forget_after = forget_after
+        self._clock = clock
+        self._errors = 0  # snapshot files that could not be read, since start
+
+    def collect(self, deadline: float) -> list[MetricFamily]:
+        if not self.run_dir.is_dir():
+            # No run has started on this node yet: no ranks, which is not a failure.
+            return [*self._empty(), self._errors_family()]
+        try:
+            files = list(iter_snapshot_files(self.run_dir))
+        except PermissionError as exc:
+            raise CollectorError("permission", f"cannot list {self.run_dir}: {exc}") from None
+        now = self._clock()
+        up = catalogue.family("colossalai_rank_up")
+        age = catalogue.family("colossalai_rank_snapshot_age_seconds")
+        stopped = catalogue.family("colossalai_rank_process_stopped")
+        training: dict[str, MetricFamily] = {}
+        for rank, path in files:
+            if time.monotonic() > deadline:
+                raise CollectorError("timeout", f"reading {len(files)} snapshots took too long")
+            try:
+                snap = read_snapshot(path)
+            except (OSError, ValueError) as exc:
+                if not isinstance(exc, FileNotFoundError):  # replaced or removed meanwhile
+                    self._errors += 1
+                continue
+            alive, is_stopped = process_state(int(snap.get("pid", -1)), snap.get("pid_start"))
+            snap_age = max(0.0, now - float(snap["written"]))
+            if not alive and snap_age > self.forget_after:
+                continue
+            label = [str(rank)]
+            fresh = alive and snap_age <= self.stale_after
+            up.add_metric(label, 1.0 if fresh else 0.0)  # type: ignore[attr-defined]
+            age.add_metric(label, snap_age)  # type: ignore[attr-defined]
+            stopped.add_metric(label, 1.0 if is_stopped else 0.0)  # type: ignore[attr-defined]
+            self._merge(training, families(snap, now=now))
+        return [up, age, stopped, self._errors_family(), *training.values()]
+
+    def _errors_family(self) -> MetricFamily:
+        errors = catalogue.family("colossalai_rank_snapshot_errors_total")
+        errors.add_metric([], float(self._errors))  # type: ignore[attr-defined]
+        return errors
+
+    @staticmethod
+    def _merge(into: dict[str, MetricFamily], fams: list[MetricFamily]) -> None:
+        # One family per name across ranks (an exposition may not repeat a family).
+        for fam in fams:
+            existing = into.get(fam.name)
+            if existing is None:
+                into[fam.name] = fam
+            else:
+                existing.samples.extend(fam.samples)
+
+    def _empty(self) -> list[MetricFamily]:
+        names = ("colossalai_rank_up", "colossalai_rank_snapshot_age_seconds",
+                 "colossalai_rank_process_stopped")
+        return [catalogue.family(n) for n in names]
+
+    def close(self) -> None:
+        """Nothing to release: the collector holds no handles between runs."""
+
+    def snapshots(self) -> list[dict[str, Any]]:
+        """Every readable snapshot in the run directory (for the agent's /health)."""
+        out = []
+        for _, path in iter_snapshot_files(self.run_dir):
+            try:
+                out.append(read_snapshot(path))
+            except (OSError, ValueError):
+                continue
+        return out

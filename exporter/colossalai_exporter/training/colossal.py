@@ -1,0 +1,117 @@
+"""ColossalAI integration: the Booster's plugin and checkpoints, Gemini's memory traffic.
+
+Only Python attributes are read, from the publisher thread or inside hooks the
+training thread calls anyway; nothing here touches a CUDA tensor from another
+thread or runs a collective (FACTS.md: ``chunk_manager.overflow_counter`` is
+a CUDA tensor and ``should_skip_step()`` all-reduces; neither is used).
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from typing import TYPE_CHECKING, Any
+
+from colossalai_exporter.training.state import RankState
+
+if TYPE_CHECKING:
+    from colossalai_exporter.training.monitor import TrainingMonitor
+
+SAVE_METHODS = ("save_model", "save_optimizer", "save_lr_scheduler")
+_WATCHED = "_colossalai_exporter_watched"
+
+
+def plugin_info(plugin: Any) -> dict[str, Any]:
+    """Info labels from a Booster plugin: its class, parallel sizes, Gemini placement."""
+    if plugin is None:
+        return {"plugin": "none"}
+    info: dict[str, Any] = {"plugin": type(plugin).__name__}
+    for key in ("tp_size", "pp_size", "dp_size"):
+        value = getattr(plugin, key, None)
+        if isinstance(value, int):
+            info[key] = value
+    gemini_config = getattr(plugin, "gemini_config", None)
+    if isinstance(gemini_config, dict) and gemini_config.get("placement_policy"):
+        info["placement_policy"] = gemini_config["placement_policy"]
+    return info
+
+
+def watch_booster(monitor: TrainingMonitor, booster: Any) -> None:
+    """Record the plugin in the info metric; monitor the Booster's saves as checkpoints.
+
+    ``booster.save_model`` / ``save_optimizer`` / ``save_lr_scheduler`` run
+    inside :meth:`TrainingMonitor.checkpoint` (nested inside a user's own
+    ``with monitor.checkpoint()`` they count once). An async save
+    (``use_async=True``) stays "in flight" while the checkpoint IO holds its
+    writers: ColossalAI finishes them at the start of the next save or at exit.
+    """
+    if getattr(booster, _WATCHED, None) is monitor:
+        return
+    info = plugin_info(getattr(booster, "plugin", None))
+    colossalai = sys.modules.get("colossalai")
+    if colossalai is not None:
+        info["colossalai_version"] = getattr(colossalai, "__version__", "")
+    monitor.set_info(**info)
+    for name in SAVE_METHODS:
+        original = getattr(booster, name, None)
+        if callable(original):
+            setattr(booster, name, _checkpointed(monitor, original))
+
+    def pending_writers(state: RankState) -> None:
+        writers = getattr(getattr(booster, "checkpoint_io", None), "async_writers", None)
+        state.async_writers = len(writers) if writers is not None else 0
+
+    monitor.add_poller(pending_writers)
+    setattr(booster, _WATCHED, monitor)
+
+
+def _checkpointed(monitor: TrainingMonitor, save: Any) -> Any:
+    @functools.wraps(save)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with monitor.checkpoint():
+            return save(*args, **kwargs)
+
+    return wrapper
+
+
+def hook_gemini(monitor: TrainingMonitor, model: Any) -> bool:
+    """Capture Gemini's per-iteration traffic and chunk memory; False if not Gemini.
+
+    ``GeminiManager`` keeps ``_h2d_volume`` / ``_d2h_volume`` (bytes) for the
+    current iteration and ``post_iter()`` zeroes them at the end of every
+    backward, so they are added to running totals inside ``post_iter`` (on the
+    training thread, two attribute reads). ``chunk_manager.total_mem`` is a
+    dict of Python ints, copied by the publisher thread.
+    """
+    manager = getattr(model, "gemini_manager", None)
+    chunk_manager = getattr(model, "chunk_manager", None)
+    if manager is None or not callable(getattr(manager, "post_iter", None)):
+        return False
+    if getattr(manager, _WATCHED, False):
+        return True
+    state = monitor._state
+    original = manager.post_iter
+
+    @functools.wraps(original)
+    def post_iter(*args: Any, **kwargs: Any) -> Any:
+        try:
+            state.h2d_bytes += float(getattr(manager, "_h2d_volume", 0) or 0)
+            state.d2h_bytes += float(getattr(manager, "_d2h_volume", 0) or 0)
+        except Exception as exc:
+            monitor._error("hook", exc)
+        return original(*args, **kwargs)
+
+    manager.post_iter = post_iter
+    setattr(manager, _WATCHED, True)
+    state.gemini_chunk_memory = {}
+    policy = getattr(manager, "policy_name", None)
+    if policy:
+        monitor.set_info(placement_policy=policy)
+
+    def chunk_memory(state: RankState) -> None:
+        total = getattr(chunk_manager, "total_mem", None)
+        if isinstance(total, dict):
+            state.gemini_chunk_memory = {str(k): float(v) for k, v in dict(total).items()}
+
+    monitor.add_poller(chunk_memory)
+    return True

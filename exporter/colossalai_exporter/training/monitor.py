@@ -1,0 +1,643 @@
+"""TrainingMonitor: a few lines in a training script make every quiet failure visible.
+
+>>> monitor = TrainingMonitor(serve="none", run_dir=None)  # doctest: +SKIP
+>>> for batch in loader:                                   # doctest: +SKIP
+...     with monitor.step(samples=len(batch)) as step:
+...         loss = train_step(batch)
+...         step.loss = loss
+
+Hot path guarantees (measured in bench/training_overhead.py): finishing a
+step reads two clocks (vDSO, no system call) and assigns plain attributes of
+:class:`~colossalai_exporter.training.state.RankState`. No lock, no I/O, no
+queue, no CUDA synchronisation, no collective. A loss tensor is only
+referenced there; it is converted to a number by the publisher thread, and
+only when that costs no device synchronisation (see :func:`loss_value`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import sys
+import threading
+import time
+from bisect import bisect_left
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+from colossalai_exporter.errors import ConfigError
+from colossalai_exporter.training import snapshot as snapfiles
+from colossalai_exporter.training.heartbeat import HeartbeatSender
+from colossalai_exporter.training.oom import Device, classify_oom
+from colossalai_exporter.training.stacks import write_stacks
+from colossalai_exporter.training.state import (
+    PHASES,
+    RECENT_STEPS,
+    STEP_BUCKETS,
+    Budgets,
+    RankState,
+)
+
+log = logging.getLogger("colossalai_exporter.training")
+
+DEFAULT_PORT = 8766
+SERVE_MODES = ("rank0", "local", "none")
+_RING_MASK = RECENT_STEPS - 1
+_perf = time.perf_counter
+_wall = time.time
+
+
+def _env_int(name: str) -> int | None:
+    value = os.environ.get(name)
+    if value is None or not value.strip():
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        log.warning("ignoring %s=%r: not an integer", name, value)
+        return None
+
+
+def detect_ranks() -> tuple[int, int, int]:
+    """(rank, local rank, world size): torch.distributed if initialised, else the env.
+
+    torch is consulted only if the script imported it, so that a plain Python
+    loop can use the monitor without torch installed.
+    """
+    rank = _env_int("RANK")
+    local = _env_int("LOCAL_RANK")
+    world = _env_int("WORLD_SIZE")
+    dist = sys.modules.get("torch.distributed")
+    try:
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            rank, world = dist.get_rank(), dist.get_world_size()
+    except Exception:  # a half-initialised process group: fall back to the environment
+        pass
+    rank = 0 if rank is None else rank
+    return rank, (rank if local is None else local), (1 if world is None else world)
+
+
+def _process_start(pid: int) -> float | None:
+    # Lets the node agent tell this process from a later one that reuses the pid.
+    try:
+        import psutil
+
+        return float(psutil.Process(pid).create_time())
+    except Exception:
+        return None
+
+
+def loss_value(loss: Any, from_device: bool = False) -> float:
+    """A loss as a float, off the hot path. ValueError/TypeError when not numeric.
+
+    Python and NumPy numbers convert directly. A torch tensor on the CPU is
+    read directly (no synchronisation). A tensor on an accelerator is only
+    read when ``from_device`` is true: ``.item()`` then waits for the kernels
+    that produce it, once per publish (about once a second), in the publisher
+    thread; otherwise it raises LookupError and the loss metric keeps its last
+    value. Loops that already call ``loss.item()`` for logging should pass
+    that float instead: it is free.
+    """
+    if isinstance(loss, bool):
+        raise TypeError("loss is a bool")
+    if isinstance(loss, (int, float)):
+        return float(loss)
+    device = getattr(loss, "device", None)
+    if device is not None and hasattr(loss, "detach"):
+        if getattr(device, "type", "cpu") != "cpu" and not from_device:
+            raise LookupError("loss tensor is on an accelerator")
+        tensor = loss.detach()
+        if tensor.numel() != 1:
+            raise ValueError(f"loss tensor has {tensor.numel()} elements, expected 1")
+        return float(tensor.item())
+    if hasattr(loss, "__float__") and not isinstance(loss, (str, bytes)):
+        return float(loss)
+    raise TypeError(f"loss must be a number or a one-element tensor, got "
+                    f"{type(loss).__name__}")
+
+
+class Step:
+    """One monitored step: ``with monitor.step() as step: … step.loss = loss``.
+
+    Set ``loss`` (a float or a tensor), and ``samples`` / ``tokens`` if not
+    given to :meth:`TrainingMonitor.step`. An exception leaving the block is
+    classified (out-of-memory by device), counted and re-raised unchanged; the
+    step is then not counted as completed.
+    """
+
+    __slots__ = ("_busy", "_monitor", "_t0", "loss", "samples", "tokens")
+
+    def __init__(self, monitor: TrainingMonitor) -> None:
+        self._monitor = monitor
+        self._busy = False
+        self._t0 = 0.0
+        self.loss: Any = None
+        self.samples = 0
+        self.tokens = 0
+
+    def __enter__(self) -> Step:
+        monitor = self._monitor
+        if monitor._state.phase != "training":
+            monitor._enter_training()
+        self._busy = True
+        self._t0 = _perf()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> Literal[False]:
+        duration = _perf() - self._t0
+        monitor = self._monitor
+        self._busy = False
+        if exc is None:
+            monitor._completed(duration, self.samples, self.tokens, self.loss)
+        else:
+            monitor._step_raised(exc)
+        return False  # never swallow the training loop's exception
+
+
+class TrainingMonitor:
+    """Steps, phases, out-of-memory errors, checkpoints and Gemini state of one rank.
+
+    Construction starts (unless ``start=False``) the publisher thread (snapshots
+    into ``run_dir``, stall detection), the heartbeat sender when a heartbeat
+    URL is set, and the HTTP server (``/metrics``, ``/health``) on the ranks
+    ``serve`` selects. Nothing here ever raises into training: a port in use,
+    an unwritable run directory or a bad heartbeat URL is one warning.
+
+    Arguments (keyword only; the environment fills in what is not given):
+
+    * ``rank``, ``local_rank``, ``world_size``: default to torch.distributed when
+      initialised, else ``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE``.
+    * ``serve``: ``"rank0"`` (default), ``"local"`` (every rank, on ``port`` +
+      local rank) or ``"none"``; ``COLOSSALAI_EXPORTER_SERVE``.
+    * ``port`` (8766, ``COLOSSALAI_EXPORTER_PORT``), ``host`` ("0.0.0.0").
+    * ``run_dir``: snapshot directory (``COLOSSALAI_EXPORTER_RUN_DIR``, default
+      ``/dev/shm/colossalai-exporter``); ``None`` disables snapshots.
+    * ``budgets`` or the shortcuts ``step_timeout`` (fixes the learned step budget),
+      ``startup_timeout``, ``checkpoint_timeout``.
+    * ``step_heartbeat_url`` / ``checkpoint_heartbeat_url`` (``STEP_HEARTBEAT_URL``,
+      ``CHECKPOINT_HEARTBEAT_URL``), sent from rank 0 only unless
+      ``heartbeat_all_ranks``; ``heartbeat_every`` steps (50).
+    * ``nvme_paths``: offload directories (``NVME_PATH``) for OOM classification.
+    * ``loss_from_device``: read accelerator loss tensors at publish time (one
+      device synchronisation per publish); see :func:`loss_value`.
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int | None = None,
+        local_rank: int | None = None,
+        world_size: int | None = None,
+        serve: str | None = None,
+        port: int | None = None,
+        host: str = "0.0.0.0",
+        run_dir: str | os.PathLike[str] | bool | None = True,
+        budgets: Budgets | None = None,
+        step_timeout: float | None = None,
+        startup_timeout: float | None = None,
+        checkpoint_timeout: float | None = None,
+        publish_interval: float = 1.0,
+        step_heartbeat_url: str | None = None,
+        checkpoint_heartbeat_url: str | None = None,
+        heartbeat_every: int = 50,
+        heartbeat_timeout: float = 5.0,
+        heartbeat_all_ranks: bool = False,
+        nvme_paths: tuple[str, ...] | None = None,
+        loss_from_device: bool = False,
+        start: bool = True,
+    ) -> None:
+        d_rank, d_local, d_world = detect_ranks()
+        self.rank = d_rank if rank is None else rank
+        self.local_rank = d_local if local_rank is None else local_rank
+        self.world_size = d_world if world_size is None else world_size
+        pid = os.getpid()
+        self._state = RankState(self.rank, self.local_rank, self.world_size, pid,
+                                _process_start(pid))
+        budgets = budgets or Budgets()
+        overrides = {k: v for k, v in (("step", step_timeout), ("startup", startup_timeout),
+                                       ("checkpoint", checkpoint_timeout)) if v is not None}
+        self.budgets = dataclasses.replace(budgets, **overrides)
+        self._serve = serve or os.environ.get("COLOSSALAI_EXPORTER_SERVE") or "rank0"
+        if self._serve not in SERVE_MODES:
+            log.warning("serve=%r is not one of %s; serving nothing", self._serve,
+                        ", ".join(SERVE_MODES))
+            self._serve = "none"
+        self._port = port if port is not None else (
+            _env_int("COLOSSALAI_EXPORTER_PORT") or DEFAULT_PORT)
+        self._host = host
+        if run_dir is True:
+            self.run_dir: Path | None = snapfiles.default_run_dir()
+        elif run_dir is False or run_dir is None:
+            self.run_dir = None
+        else:
+            self.run_dir = Path(run_dir)
+        self._publish_interval = publish_interval
+        nvme = os.environ.get("NVME_PATH")
+        self._nvme_paths = nvme_paths if nvme_paths is not None else ((nvme,) if nvme else ())
+        self._loss_from_device = loss_from_device
+        self._loss_ref: Any = None
+        self._last_loss_ref: Any = None
+        self._step = Step(self)  # reused: no allocation per step
+        self._publish_lock = threading.Lock()
+        self._last_done: float | None = None  # perf_counter of the last step_done()
+        self._checkpoint_started: float | None = None
+        self._reported: set[str] = set()
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._was_stalled = False
+        self._thread: threading.Thread | None = None
+        self._server: Any = None
+        self._pollers: list[Callable[[RankState], None]] = []
+        self.stacks_files: list[Path] = []
+        sends = self.rank == 0 or heartbeat_all_ranks
+        self._heartbeats = HeartbeatSender(
+            self._state,
+            (step_heartbeat_url or os.environ.get("STEP_HEARTBEAT_URL")) if sends else None,
+            (checkpoint_heartbeat_url or os.environ.get("CHECKPOINT_HEARTBEAT_URL"))
+            if sends else None,
+            every=heartbeat_every, timeout=heartbeat_timeout, on_error=self._error)
+        self._info_defaults()
+        if start:
+            self.start()
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        """Start the publisher, heartbeat sender and server (idempotent)."""
+        if self._thread is not None:
+            return
+        if self.run_dir is not None:
+            try:
+                snapfiles.prepare_run_dir(self.run_dir)
+            except OSError as exc:
+                log.warning("run directory %s is not writable (%s); rank snapshots and "
+                            "stall evidence are disabled, training continues",
+                            self.run_dir, exc.strerror or exc)
+                self._count_error("publish")
+                self.run_dir = None
+        self._thread = threading.Thread(target=self._publish_loop, name="colossalai-monitor",
+                                        daemon=True)
+        self._wake.set()  # the first snapshot at once: the node agent sees the rank start
+        self._thread.start()
+        self._heartbeats.start()
+        self._start_server()
+
+    def _start_server(self) -> None:
+        if self._serve == "none" or (self._serve == "rank0" and self.rank != 0):
+            return
+        port = self._port + (self.local_rank if self._serve == "local" else 0)
+        try:
+            from colossalai_exporter.training.server import build_app
+            from colossalai_exporter.web import serve
+
+            self._server = serve(build_app(self.snapshot), f"{self._host}:{port}",
+                                 name="training")
+        except ConfigError as exc:
+            log.warning("cannot serve /metrics and /health: %s; training continues", exc)
+            self._count_error("server")
+        except Exception as exc:
+            self._error("server", exc)
+
+    @property
+    def url(self) -> str | None:
+        """Base URL of this rank's server, or None when it serves nothing."""
+        return None if self._server is None else str(self._server.url)
+
+    def close(self) -> None:
+        """Publish a last snapshot, stop the threads and the server."""
+        self._stop.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(5)
+        self._heartbeats.stop()
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
+        self._publish_once()
+
+    def __enter__(self) -> TrainingMonitor:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if exc is None:
+            self.finish()
+        elif isinstance(exc, Exception):
+            self.fail(exc)
+        self.close()
+
+    # ------------------------------------------------------------------ hot path
+    def step(self, samples: int = 0, tokens: int = 0) -> Step:
+        """A context manager timing one step; see :class:`Step`."""
+        step = self._step
+        if step._busy:  # a step inside a step: give it its own object
+            step = Step(self)
+        step.loss = None
+        step.samples = samples
+        step.tokens = tokens
+        return step
+
+    def step_done(self, duration: float | None = None, *, samples: int = 0, tokens: int = 0,
+                  loss: Any = None) -> None:
+        """Record a finished step, for loops that cannot use ``with monitor.step()``.
+
+        Without ``duration``, the step lasted since the previous ``step_done()``
+        (or since training started, for the first).
+        """
+        now = _perf()
+        state = self._state
+        if state.phase != "training":
+            self._enter_training()
+        if duration is None:
+            last = self._last_done
+            duration = now - (last if last is not None else now)
+        self._last_done = now
+        self._completed(duration, samples, tokens, loss)
+
+    def _completed(self, duration: float, samples: int, tokens: int, loss: Any) -> None:
+        state = self._state
+        steps = state.steps + 1
+        state.recent[steps & _RING_MASK] = duration
+        state.hist[bisect_left(STEP_BUCKETS, duration)] += 1
+        state.duration_sum += duration
+        if samples:
+            state.samples += samples
+        if tokens:
+            state.tokens += tokens
+        if loss is not None:
+            self._loss_ref = loss
+        state.last_step = _wall()
+        state.steps = steps  # last: a reader that sees the step sees its duration
+
+    # ------------------------------------------------------------------ phases
+    def _enter_training(self) -> None:
+        # The first step means the kernels the run needs are loaded (they build
+        # lazily on first use otherwise, and the step's own budget covers that).
+        self._state.kernels_ready = True
+        if self._last_done is None:
+            self._last_done = _perf()
+        self.phase("training")
+
+    def phase(self, name: str) -> None:
+        """Enter phase ``name`` (init, kernels, training, checkpointing, evaluating …)."""
+        if name not in PHASES:
+            self._error("hook", f"unknown phase {name!r} (phases: {', '.join(PHASES)})")
+            return
+        state = self._state
+        if state.phase in ("finished", "failed") and name not in ("finished", "failed"):
+            return  # the run's outcome is final
+        if name == "kernels":
+            state.kernels_ready = False
+        state.phase_start = _wall()
+        state.phase = name
+        self._wake.set()  # snapshot on every phase change (not per step)
+
+    @contextlib.contextmanager
+    def kernels(self) -> Iterator[None]:
+        """Phase "kernels" around loading or JIT-building ColossalAI kernels."""
+        previous = self._state.phase
+        self.phase("kernels")
+        try:
+            yield
+        except BaseException as exc:
+            self._record_exception(exc)
+            raise
+        self._state.kernels_ready = True
+        self.phase(previous if previous not in ("kernels",) else "init")
+
+    def kernels_ready(self, ready: bool = True) -> None:
+        """Declare the run's kernels loaded (or not); /health needs them ready."""
+        self._state.kernels_ready = ready
+        self._wake.set()
+
+    @contextlib.contextmanager
+    def evaluation(self) -> Iterator[None]:
+        """Phase "evaluating" for the block, then back to training."""
+        self.phase("evaluating")
+        try:
+            yield
+        except BaseException as exc:
+            self._record_exception(exc)
+            raise
+        finally:
+            self.phase("training")
+
+    @contextlib.contextmanager
+    def checkpoint(self, step: int | None = None) -> Iterator[None]:
+        """Phase "checkpointing" for the block; success records time, step and duration.
+
+        Nested use (a watched booster's save inside this block) counts once.
+        """
+        state = self._state
+        if state.checkpointing:
+            yield
+            return
+        previous = state.phase
+        state.checkpointing = True
+        self.phase("checkpointing")
+        started = _perf()
+        try:
+            yield
+        except BaseException as exc:
+            state.checkpoint_failures += 1
+            self._record_exception(exc)
+            raise
+        else:
+            state.checkpoint_duration = _perf() - started
+            state.checkpoint_last_step = state.steps if step is None else step
+            state.checkpoint_last_success = _wall()
+            self._heartbeats.checkpoint_done()
+        finally:
+            state.checkpointing = False
+            self.phase(previous if previous != "checkpointing" else "training")
+
+    def finish(self) -> None:
+        """The run completed: phase "finished" (its snapshot says so to the node agent)."""
+        self.phase("finished")
+        self._publish_once()
+
+    def fail(self, exc: BaseException | str | None = None) -> None:
+        """The run failed: phase "failed" with the reason; OOMs in ``exc`` are counted."""
+        if isinstance(exc, BaseException):
+            if not getattr(exc, "_colossalai_exporter_counted", False):
+                self._record_exception(exc)
+            reason = f"{type(exc).__name__}: {exc}"
+        else:
+            reason = exc or "failed"
+        self._state.error = reason[:500]
+        self.phase("failed")
+        self._publish_once()
+
+    # ------------------------------------------------------------------ ColossalAI
+    def watch(self, booster: Any, model: Any = None) -> None:
+        """Watch a ColossalAI Booster: plugin info, its saves as checkpoints, async saves.
+
+        Pass the boosted ``model`` too (or use :meth:`boost`) to hook Gemini.
+        """
+        from colossalai_exporter.training import colossal
+
+        try:
+            colossal.watch_booster(self, booster)
+            if model is not None:
+                colossal.hook_gemini(self, model)
+        except Exception as exc:
+            self._error("hook", exc)
+
+    def boost(self, booster: Any, *args: Any, **kwargs: Any) -> Any:
+        """``booster.boost(model, optimizer, criterion, dataloader, lr_scheduler)``, watched.
+
+        Returns what ``booster.boost`` returns; exceptions from it pass through
+        unchanged after out-of-memory classification.
+        """
+        from colossalai_exporter.training import colossal
+
+        self.watch(booster)
+        try:
+            result = booster.boost(*args, **kwargs)
+        except BaseException as exc:
+            self._record_exception(exc)
+            raise
+        try:
+            if isinstance(result, (tuple, list)) and result:
+                colossal.hook_gemini(self, result[0])
+        except Exception as exc:
+            self._error("hook", exc)
+        return result
+
+    # ------------------------------------------------------------------ errors
+    def record_oom(self, exc: BaseException) -> Device | None:
+        """Count ``exc`` if it is an out-of-memory error; returns its device or None."""
+        try:
+            device = classify_oom(exc, self._nvme_paths)
+        except Exception as error:
+            self._error("hook", error)
+            return None
+        if device is not None:
+            self._state.oom[device] += 1
+            self._wake.set()
+        return device
+
+    def _record_exception(self, exc: BaseException) -> None:
+        # An exception passes through step(), checkpoint() and fail(): count it once.
+        if getattr(exc, "_colossalai_exporter_counted", False):
+            return
+        self.record_oom(exc)
+        with contextlib.suppress(Exception):  # some exception types refuse attributes
+            exc._colossalai_exporter_counted = True  # type: ignore[attr-defined]
+
+    def _step_raised(self, exc: BaseException) -> None:
+        try:
+            self._record_exception(exc)
+        except Exception as error:  # the user's exception must still propagate unchanged
+            self._error("hook", error)
+
+    def _count_error(self, where: str) -> None:
+        errors = self._state.monitor_errors
+        errors[where] = errors.get(where, 0) + 1
+
+    def _error(self, where: str, error: BaseException | str) -> None:
+        """Count a monitor failure and log it the first time for ``where``."""
+        self._count_error(where)
+        if where not in self._reported:
+            self._reported.add(where)
+            log.warning("monitoring problem (%s): %s; training continues", where,
+                        error if isinstance(error, str) else f"{type(error).__name__}: {error}")
+
+    # ------------------------------------------------------------------ publishing
+    def add_poller(self, poller: Callable[[RankState], None]) -> None:
+        """Run ``poller(state)`` in the publisher thread before every snapshot.
+
+        Integrations use it to copy cheap Python-level values (Gemini chunk
+        memory, pending async checkpoint writers) into the state. It must not
+        touch device tensors or run collectives.
+        """
+        self._pollers.append(poller)
+
+    def set_info(self, **labels: Any) -> None:
+        """Add or replace labels of ``colossalai_training_info``."""
+        self._state.info.update({k: str(v) for k, v in labels.items() if v is not None})
+
+    def _info_defaults(self) -> None:
+        info: dict[str, Any] = {"world_size": self.world_size}
+        torch = sys.modules.get("torch")
+        if torch is not None:
+            info["torch_version"] = getattr(torch, "__version__", "")
+        colossalai = sys.modules.get("colossalai")
+        if colossalai is not None:
+            info["colossalai_version"] = getattr(colossalai, "__version__", "")
+        self.set_info(**info)
+
+    def _refresh(self) -> None:
+        state = self._state
+        ref = self._loss_ref
+        if ref is not None and ref is not self._last_loss_ref:
+            self._last_loss_ref = ref
+            try:
+                state.loss = loss_value(ref, self._loss_from_device)
+            except LookupError:
+                pass
+            except (TypeError, ValueError, RuntimeError) as exc:
+                self._error("loss", f"loss not recorded: {exc}")
+        for poller in list(self._pollers):
+            try:
+                poller(state)
+            except Exception as exc:
+                self._error("hook", exc)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The rank's current state as the JSON-ready dict snapshots and /metrics use."""
+        snap = self._state.snapshot(self.budgets)
+        # The publisher counts a stall when it first sees it; a scrape may see it first.
+        if snap["stalled"] and not self._was_stalled:
+            snap["stalls"] += 1
+        return snap
+
+    def _publish_once(self) -> None:
+        with self._publish_lock:  # the publisher thread, finish() and close() all publish
+            self._publish_locked()
+
+    def _publish_locked(self) -> None:
+        try:
+            self._refresh()
+            snap = self._state.snapshot(self.budgets)
+            if snap["stalled"] and not self._was_stalled:
+                self._on_stall(snap)
+                snap["stalls"] = self._state.stalls
+            self._was_stalled = bool(snap["stalled"])
+            if self.run_dir is not None:
+                snapfiles.write_snapshot(self.run_dir, snap)
+        except Exception as exc:
+            self._error("publish", exc)
+
+    def _on_stall(self, snap: dict[str, Any]) -> None:
+        self._state.stalls += 1
+        reason = str(snap["reason"])
+        if self.run_dir is None:
+            log.warning("rank %d %s (no run directory: no stack dump)", self.rank, reason)
+            return
+        try:
+            path = write_stacks(self.run_dir, self.rank, reason)
+        except Exception as exc:
+            self._error("stacks", exc)
+            return
+        self.stacks_files.append(path)
+        log.warning("rank %d %s; stacks of all threads written to %s", self.rank, reason,
+                    path)
+
+    def _publish_loop(self) -> None:
+        last_write = 0.0
+        while not self._stop.is_set():
+            # Wake on a phase change, else once per interval; never write more than
+            # about once a second unless the phase changed.
+            changed = self._wake.wait(self._publish_interval)
+            if self._stop.is_set():
+                return
+            now = _perf()
+            if changed or now - last_write >= self._publish_interval:
+                self._wake.clear()
+                self._publish_once()
+                last_write = now

@@ -1,0 +1,198 @@
+"""A rank's training state: the plain values the hot path updates, and the snapshot.
+
+The hot path (a step finished) only assigns attributes of :class:`RankState`
+and bumps list items: no locks, no system calls, no I/O. Everything else —
+the budget, stall judgement, the JSON snapshot, metric families — is derived
+from it off the hot path, by :meth:`RankState.snapshot`, into a plain dict
+that is the same in-process (rank-0 ``/metrics``) and on disk (the node
+agent's ``ranks`` collector), so both serve the same series.
+
+Reads race benignly with the hot path: under the GIL each assignment is
+atomic, and the histogram's count is summed from its buckets at read time so
+an exposition is always self-consistent (its ``_sum`` may lag one step).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Final
+
+from colossalai_exporter.training.oom import DEVICES
+
+SNAPSHOT_VERSION: Final = 1
+
+PHASES: Final = ("init", "kernels", "training", "checkpointing", "evaluating", "finished",
+                 "failed")
+ACTIVE_PHASES: Final = frozenset({"init", "kernels", "training", "checkpointing", "evaluating"})
+# The tutorial's /health contract: 200 in these phases (when not stalled and kernels are
+# ready). "evaluating" is ours: the tutorial had no evaluation phase, and a periodic
+# evaluation is part of a healthy run, not an outage for an uptime monitor to page on.
+HEALTHY_PHASES: Final = frozenset({"training", "checkpointing", "evaluating"})
+
+# Step duration buckets, seconds: from 5 ms (small models, CPU tests) through typical
+# GPU steps (0.1-10 s) to pipeline-parallel steps of minutes, ending at 600 s, the
+# default NCCL collective timeout beyond which a step is a hang, not a slow step.
+STEP_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+                       60.0, 120.0, 300.0, 600.0)
+RECENT_STEPS: Final = 128  # window the learned budget looks at (a power of two: cheap index)
+HEARTBEAT_RESULTS: Final = ("success", "failure", "dropped")
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """How long each phase may go without progress before it counts as stalled.
+
+    ``step`` is learned unless fixed: ``step_factor`` × the longest of the last
+    128 step durations, never below ``step_floor`` (nvidia-resiliency-ext learns
+    about 5 × the longest interval). Until a step has completed the ``startup``
+    budget applies (model load, JIT kernel builds, the first step's warm-up).
+    """
+
+    step: float | None = None
+    step_factor: float = 5.0
+    step_floor: float = 60.0
+    startup: float = 1800.0
+    checkpoint: float = 1800.0
+    evaluation: float = 3600.0
+
+    def for_phase(self, phase: str, longest_recent_step: float | None) -> float:
+        """The budget for ``phase`` given the longest recent step (None before any)."""
+        if phase in ("init", "kernels"):
+            return self.startup
+        if phase == "checkpointing":
+            return self.checkpoint
+        if phase == "evaluating":
+            return self.evaluation
+        if self.step is not None:
+            return self.step
+        if longest_recent_step is None:
+            return self.startup
+        return max(self.step_floor, self.step_factor * longest_recent_step)
+
+
+class RankState:
+    """Mutable per-rank state. Plain attributes only; see the module docstring."""
+
+    __slots__ = ("async_writers", "checkpoint_duration", "checkpoint_failures",
+                 "checkpoint_last_step", "checkpoint_last_success", "checkpointing",
+                 "created", "d2h_bytes", "duration_sum", "error", "gemini_chunk_memory",
+                 "h2d_bytes", "heartbeats", "hist", "info", "kernels_ready",
+                 "last_step", "local_rank", "loss", "monitor_errors", "oom", "phase",
+                 "phase_start", "pid", "pid_start", "rank", "recent", "samples", "stalls",
+                 "steps", "tokens", "world_size")
+
+    def __init__(self, rank: int, local_rank: int, world_size: int, pid: int,
+                 pid_start: float | None, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        self.rank = rank
+        self.local_rank = local_rank
+        self.world_size = world_size
+        self.pid = pid
+        self.pid_start = pid_start
+        self.created = now
+        self.phase = "init"
+        self.phase_start = now
+        self.kernels_ready = False
+        self.error = ""  # why the run failed, set by fail()
+        self.steps = 0
+        self.last_step: float | None = None
+        self.samples = 0
+        self.tokens = 0
+        self.loss: float | None = None  # converted off the hot path from the step's loss
+        self.hist = [0] * (len(STEP_BUCKETS) + 1)  # last bucket is +Inf
+        self.duration_sum = 0.0
+        self.recent = [0.0] * RECENT_STEPS
+        self.stalls = 0
+        self.oom = dict.fromkeys(DEVICES, 0)
+        self.checkpointing = False
+        self.async_writers = 0
+        self.checkpoint_last_success: float | None = None
+        self.checkpoint_last_step: int | None = None
+        self.checkpoint_duration: float | None = None
+        self.checkpoint_failures = 0
+        self.gemini_chunk_memory: dict[str, float] | None = None
+        self.h2d_bytes = 0.0
+        self.d2h_bytes = 0.0
+        # heartbeat name -> {"last_success", "last_attempt", "success", "failure", "dropped"}
+        self.heartbeats: dict[str, dict[str, float | None]] = {}
+        self.monitor_errors: dict[str, int] = {}
+        self.info: dict[str, str] = {}
+
+    def longest_recent_step(self) -> float | None:
+        if self.steps == 0:
+            return None
+        return max(self.recent[: min(self.steps, RECENT_STEPS)])
+
+    def snapshot(self, budgets: Budgets, now: float | None = None) -> dict[str, Any]:
+        """A JSON-ready copy of the state, with the current budget and stall judgement."""
+        now = time.time() if now is None else now
+        phase, phase_start = self.phase, self.phase_start
+        last_step = self.last_step
+        timeout = budgets.for_phase(phase, self.longest_recent_step())
+        # Progress in "training" is a finished step; time spent checkpointing before
+        # returning to training does not count against the next step.
+        progress = max(phase_start, last_step) if (phase == "training" and last_step) \
+            else phase_start
+        hist = list(self.hist)
+        snap: dict[str, Any] = {
+            "version": SNAPSHOT_VERSION,
+            "rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size,
+            "pid": self.pid, "pid_start": self.pid_start,
+            "created": self.created, "written": now,
+            "phase": phase, "phase_start": phase_start, "error": self.error,
+            "kernels_ready": self.kernels_ready,
+            "steps": self.steps, "last_step": last_step,
+            "samples": self.samples, "tokens": self.tokens, "loss": self.loss,
+            "step_buckets": list(STEP_BUCKETS), "step_hist": hist,
+            "step_sum": self.duration_sum,
+            "timeout": timeout, "progress": progress, "stalls": self.stalls,
+            "oom": dict(self.oom),
+            "checkpoint": {
+                "in_flight": self.checkpointing or self.async_writers > 0,
+                "last_success": self.checkpoint_last_success,
+                "last_step": self.checkpoint_last_step,
+                "duration": self.checkpoint_duration,
+                "failures": self.checkpoint_failures,
+            },
+            "gemini": None if self.gemini_chunk_memory is None else {
+                "chunk_memory": dict(self.gemini_chunk_memory),
+                "h2d": self.h2d_bytes, "d2h": self.d2h_bytes,
+            },
+            "heartbeats": {k: dict(v) for k, v in list(self.heartbeats.items())},
+            "monitor_errors": dict(self.monitor_errors),
+            "info": dict(self.info),
+        }
+        stalled, reason = judge(snap, now)
+        snap["stalled"], snap["reason"] = stalled, reason
+        return snap
+
+
+def judge(snap: dict[str, Any], now: float) -> tuple[bool, str]:
+    """(stalled, reason) for a snapshot at wall-clock time ``now``.
+
+    A pure function of the snapshot so that the node agent, reading a snapshot a
+    frozen rank wrote minutes ago, reaches the verdict the rank itself cannot.
+    """
+    phase = snap["phase"]
+    if phase == "failed":
+        return False, f"run failed: {snap.get('error') or 'unknown error'}"
+    if phase == "finished":
+        return False, "run finished"
+    idle = now - float(snap["progress"])
+    timeout = float(snap["timeout"])
+    if idle > timeout:
+        what = "no step completed" if phase == "training" else f"phase {phase} unchanged"
+        return True, (f"stalled in phase {phase}: {what} for {idle:.1f}s "
+                      f"(budget {timeout:.1f}s)")
+    if phase not in HEALTHY_PHASES:
+        return False, f"phase is {phase}"
+    if not snap["kernels_ready"]:
+        return False, "kernels not ready"
+    return False, ""
+
+
+def healthy(snap: dict[str, Any]) -> bool:
+    """The tutorial's rule: a healthy phase, not stalled, kernels ready."""
+    return (snap["phase"] in HEALTHY_PHASES and not snap["stalled"]
+            and bool(snap["kernels_ready"]))

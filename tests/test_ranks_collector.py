@@ -1,0 +1,125 @@
+"""The node agent's ranks collector on real rank processes: alive, SIGSTOPped, SIGKILLed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import Metric as MetricFamily
+
+from colossalai_exporter.node.ranks import RanksCollector
+from conftest import cli_env, wait_until
+
+# A rank: a plain Python loop with the monitor (the snapshots are the same as under
+# torchrun; the ColossalAI job in test_training_colossalai.py shows that).
+RANK_SCRIPT = textwrap.dedent("""
+    import os, sys, time
+    from colossalai_exporter import TrainingMonitor
+    monitor = TrainingMonitor(serve="none", run_dir=sys.argv[1], step_timeout=1.0,
+                              publish_interval=0.1)
+    while True:
+        with monitor.step(samples=1) as step:
+            time.sleep(0.01)
+            step.loss = 0.5
+""")
+
+
+class Adapter:
+    """Runs a node collector the way the agent does, for a prometheus_client registry."""
+
+    def __init__(self, collector: RanksCollector) -> None:
+        self.collector = collector
+
+    def collect(self) -> list[MetricFamily]:
+        return self.collector.collect(time.monotonic() + 5)
+
+
+def start_rank(run_dir: Path, rank: int) -> subprocess.Popen[bytes]:
+    env = cli_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
+    return subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(run_dir)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+@pytest.fixture
+def ranks(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs = [start_rank(tmp_path, 0), start_rank(tmp_path, 1)]
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGCONT)
+            proc.kill()
+        proc.wait(10)
+
+
+def test_ranks_seen_from_outside(tmp_path: Path, ranks: list[subprocess.Popen[bytes]]) -> None:
+    registry = CollectorRegistry()
+    registry.register(Adapter(RanksCollector(tmp_path, stale_after=1.5)))
+
+    def value(name: str, rank: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, {"rank": rank, **labels})
+
+    wait_until(lambda: all((value("colossalai_training_steps_total", r) or 0) >= 3
+                           for r in ("0", "1")), timeout=20, what="both ranks stepping")
+    for rank in ("0", "1"):
+        assert value("colossalai_rank_up", rank) == 1
+        assert value("colossalai_training_stalled", rank) == 0
+        assert value("colossalai_training_phase", rank, phase="training") == 1
+        assert value("colossalai_training_loss", rank) == 0.5
+        assert (value("colossalai_rank_snapshot_age_seconds", rank) or 99) < 1.5
+
+    # Frozen (SIGSTOP): the process exists, but its snapshot ages and the stall shows.
+    frozen, killed = ranks
+    os.kill(frozen.pid, signal.SIGSTOP)
+    wait_until(lambda: value("colossalai_training_stalled", "0") == 1, timeout=10,
+               what="stall judged from outside")
+    assert value("colossalai_rank_process_stopped", "0") == 1
+    wait_until(lambda: value("colossalai_rank_up", "0") == 0, timeout=10,
+               what="stale snapshot: rank down")
+    assert (value("colossalai_rank_snapshot_age_seconds", "0") or 0) > 1.5
+    assert value("colossalai_rank_up", "1") == 1  # the other rank is unaffected
+
+    # Killed (SIGKILL, as the kernel's OOM killer does): down at once, series kept.
+    killed.kill()
+    killed.wait(10)
+    wait_until(lambda: value("colossalai_rank_up", "1") == 0, timeout=5, what="dead rank")
+    assert value("colossalai_rank_process_stopped", "1") == 0
+    assert (value("colossalai_training_steps_total", "1") or 0) >= 3
+
+    os.kill(frozen.pid, signal.SIGCONT)
+    wait_until(lambda: value("colossalai_rank_up", "0") == 1, timeout=10, what="thawed")
+
+
+def test_missing_dir_and_garbage_files(tmp_path: Path) -> None:
+    registry = CollectorRegistry()
+    collector = RanksCollector(tmp_path / "nothing-yet")
+    registry.register(Adapter(collector))
+    assert registry.get_sample_value("colossalai_rank_snapshot_errors_total") == 0
+    (tmp_path / "nothing-yet").mkdir()
+    (tmp_path / "nothing-yet" / "rank-0.json").write_text("{half a file")
+    assert registry.get_sample_value("colossalai_rank_snapshot_errors_total") == 1
+    assert registry.get_sample_value("colossalai_rank_up", {"rank": "0"}) is None
+
+
+def test_old_snapshots_of_dead_processes_are_forgotten(tmp_path: Path) -> None:
+    from colossalai_exporter import TrainingMonitor
+
+    monitor = TrainingMonitor(serve="none", run_dir=tmp_path, rank=5, start=False)
+    monitor.close()  # writes one snapshot of this (live) process
+    snap_file = tmp_path / "rank-5.json"
+    text = snap_file.read_text().replace(f'"pid":{os.getpid()}', '"pid":999999999')
+    snap_file.write_text(text)
+    now = time.time()
+    fresh = RanksCollector(tmp_path, clock=lambda: now)
+    later = RanksCollector(tmp_path, forget_after=60, clock=lambda: now + 120)
+    up = [f for f in fresh.collect(time.monotonic() + 5) if f.name == "colossalai_rank_up"]
+    assert [s.value for s in up[0].samples] == [0.0]  # dead pid: down
+    up = [f for f in later.collect(time.monotonic() + 5) if f.name == "colossalai_rank_up"]
+    assert up[0].samples == []

@@ -1,0 +1,169 @@
+"""Heartbeats to a real loopback HTTP server: sent off the hot path, counted, tokens redacted."""
+
+from __future__ import annotations
+
+import http.server
+import logging
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from colossalai_exporter import TrainingMonitor
+from colossalai_exporter.training.heartbeat import redact
+from conftest import free_port, wait_until
+
+TOKEN = "s3cret-token-123"
+
+
+class Receiver(http.server.ThreadingHTTPServer):
+    """The heartbeat service: records the paths it is pinged on, answers 200."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                outer.paths.append(self.path)
+                self.send_response(200)
+                self.send_header("Content-Length", "2")
+                self.end_headers()
+                self.wfile.write(b"OK")
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+    @property
+    def base(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    server = Receiver()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+def run_steps(monitor: TrainingMonitor, n: int) -> float:
+    """Run ``n`` trivial monitored steps; the slowest one's wall time."""
+    slowest = 0.0
+    for _ in range(n):
+        started = time.perf_counter()
+        with monitor.step() as step:
+            step.loss = 1.0
+        slowest = max(slowest, time.perf_counter() - started)
+    return slowest
+
+
+def test_step_and_checkpoint_pings_reach_the_service(
+        tmp_path: Path, receiver: Receiver, caplog: pytest.LogCaptureFixture) -> None:
+    monitor = TrainingMonitor(
+        serve="none", run_dir=tmp_path,
+        step_heartbeat_url=f"{receiver.base}/api/heartbeat/{TOKEN}-step",
+        checkpoint_heartbeat_url=f"{receiver.base}/api/heartbeat/{TOKEN}-ckpt",
+        heartbeat_every=10)
+    try:
+        run_steps(monitor, 1)  # the first step pings: training has started
+        wait_until(lambda: len(receiver.paths) == 1, what="first step ping")
+        run_steps(monitor, 9)
+        wait_until(lambda: len(receiver.paths) == 2, what="ping at step 10")
+        with monitor.checkpoint(step=10):
+            pass
+        wait_until(lambda: any(p.endswith("-ckpt") for p in receiver.paths),
+                   what="checkpoint ping")
+        hb = monitor.snapshot()["heartbeats"]
+        assert hb["step"]["success"] == 2
+        assert hb["checkpoint"]["success"] == 1
+        assert hb["step"]["last_success"] is not None
+        assert receiver.paths.count(f"/api/heartbeat/{TOKEN}-step") == 2
+    finally:
+        monitor.close()
+    assert TOKEN not in caplog.text
+
+
+def test_refusing_service_is_counted_and_steps_are_not_slowed(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    url = f"http://127.0.0.1:{free_port()}/api/heartbeat/{TOKEN}"  # nothing listens
+    with caplog.at_level(logging.WARNING, "colossalai_exporter.training"):
+        monitor = TrainingMonitor(serve="none", run_dir=tmp_path, step_heartbeat_url=url,
+                                  checkpoint_heartbeat_url=url, heartbeat_every=1)
+        try:
+            slowest = run_steps(monitor, 200)
+            for _ in range(3):
+                with monitor.checkpoint():
+                    pass
+            wait_until(lambda: monitor.snapshot()["heartbeats"]["step"]["failure"] >= 1,
+                       what="failed ping counted")
+            # A refused ping costs the training loop nothing: generous bound, the exact
+            # figure is in bench/RESULTS.md.
+            assert slowest < 0.05
+        finally:
+            monitor.close()
+    assert TOKEN not in caplog.text
+    assert "127.0.0.1" in caplog.text  # the host is logged, the token is not
+
+
+def test_hanging_service_never_blocks_a_step_and_overflow_is_dropped(tmp_path: Path) -> None:
+    hang = socket.socket()
+    hang.bind(("127.0.0.1", 0))
+    hang.listen(64)  # accepts connections (kernel backlog) and never answers
+    url = f"http://127.0.0.1:{hang.getsockname()[1]}/hb/{TOKEN}"
+    monitor = TrainingMonitor(serve="none", run_dir=tmp_path, step_heartbeat_url=url,
+                              checkpoint_heartbeat_url=url, heartbeat_every=1,
+                              heartbeat_timeout=2.0)
+    try:
+        run_steps(monitor, 1)
+        wait_until(lambda: monitor.snapshot()["heartbeats"]["step"]["last_attempt"],
+                   what="a ping in flight")
+        started = time.perf_counter()
+        slowest = run_steps(monitor, 500)
+        for _ in range(20):  # more than the queue holds while the sender hangs
+            with monitor.checkpoint():
+                pass
+        elapsed = time.perf_counter() - started
+        assert slowest < 0.05
+        assert elapsed < 1.5  # the 2 s read timeout was never waited for
+        assert monitor.snapshot()["heartbeats"]["checkpoint"]["dropped"] >= 1
+    finally:
+        monitor.close()
+        hang.close()
+
+
+@pytest.mark.parametrize("url", ["not a url", "ftp://host/x", "http://", "http://h:99999/x"])
+def test_unparsable_heartbeat_url_warns_and_training_continues(
+        tmp_path: Path, url: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, "colossalai_exporter.training"):
+        monitor = TrainingMonitor(serve="none", run_dir=tmp_path, step_heartbeat_url=url)
+    try:
+        run_steps(monitor, 3)
+        assert monitor.snapshot()["steps"] == 3
+        assert monitor.snapshot()["heartbeats"] == {}
+        assert any("is not an http(s) URL with a host" in r.getMessage()
+                   for r in caplog.records)
+    finally:
+        monitor.close()
+
+
+def test_heartbeat_urls_from_the_environment_rank0_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STEP_HEARTBEAT_URL", f"http://127.0.0.1:1/{TOKEN}")
+    rank0 = TrainingMonitor(rank=0, serve="none", run_dir=tmp_path, start=False)
+    rank1 = TrainingMonitor(rank=1, serve="none", run_dir=tmp_path, start=False)
+    assert set(rank0.snapshot()["heartbeats"]) == {"step"}
+    assert rank1.snapshot()["heartbeats"] == {}
+
+
+def test_redact_keeps_scheme_and_host_only() -> None:
+    assert redact(f"https://vigilmon.online/api/heartbeat/{TOKEN}?x=1") == \
+        "https://vigilmon.online/…"
+    assert redact("http://10.0.0.1:8080/hb/abc") == "http://10.0.0.1:8080/…"

@@ -1,0 +1,319 @@
+"""TrainingMonitor in one process: steps, phases, budgets, OOMs, loss, checkpoints, failures."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from colossalai_exporter import TrainingMonitor
+from colossalai_exporter.training import Budgets, classify_oom
+from colossalai_exporter.training.families import families
+from colossalai_exporter.training.monitor import detect_ranks
+from colossalai_exporter.training.state import judge
+from conftest import require, wait_until
+
+
+def quiet(tmp_path: Path, **kwargs: Any) -> TrainingMonitor:
+    """A monitor that serves nothing and publishes into ``tmp_path``, quickly."""
+    kwargs.setdefault("serve", "none")
+    kwargs.setdefault("publish_interval", 0.05)
+    return TrainingMonitor(run_dir=tmp_path, **kwargs)
+
+
+def need_torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    require(torch is not None, "torch (the training extra)")
+    return torch
+
+
+def sample(snap: dict[str, Any], name: str, **labels: str) -> float | None:
+    for fam in families(snap):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    return None
+
+
+def test_ranks_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    assert detect_ranks() == (3, 1, 8)
+    monkeypatch.delenv("RANK")
+    monkeypatch.delenv("LOCAL_RANK")
+    monkeypatch.delenv("WORLD_SIZE")
+    assert detect_ranks() == (0, 0, 1)
+
+
+def test_with_block_and_plain_call_count_steps(tmp_path: Path) -> None:
+    monitor = quiet(tmp_path)
+    try:
+        assert monitor.snapshot()["phase"] == "init"
+        for i in range(3):
+            with monitor.step(samples=8, tokens=512) as step:
+                step.loss = 1.0 / (i + 1)
+        monitor.step_done(0.02, samples=8, loss=0.25)
+        monitor.step_done(samples=8)  # duration: since the previous step_done()
+        wait_until(lambda: monitor.snapshot()["loss"] == 0.25, what="loss published")
+        snap = monitor.snapshot()
+        assert snap["phase"] == "training"
+        assert snap["kernels_ready"] is True  # the first step means kernels loaded
+        assert snap["steps"] == 5
+        assert snap["samples"] == 40
+        assert snap["tokens"] == 1536
+        assert sum(snap["step_hist"]) == 5
+        assert sample(snap, "colossalai_training_steps_total", rank="0") == 5
+        assert sample(snap, "colossalai_training_step_duration_seconds_count") == 5
+        assert sample(snap, "colossalai_training_step_duration_seconds_bucket",
+                      le="0.025") == 5
+        assert sample(snap, "colossalai_training_loss") == 0.25
+    finally:
+        monitor.close()
+
+
+def test_budget_is_learned_with_a_floor_and_can_be_fixed() -> None:
+    budgets = Budgets(step_factor=5, step_floor=10, startup=900, checkpoint=300)
+    assert budgets.for_phase("init", None) == 900
+    assert budgets.for_phase("kernels", None) == 900
+    assert budgets.for_phase("training", None) == 900  # no step yet: start-up budget
+    assert budgets.for_phase("training", 1.0) == 10  # 5 x 1 s is under the floor
+    assert budgets.for_phase("training", 4.0) == 20
+    assert budgets.for_phase("checkpointing", 4.0) == 300
+    assert Budgets(step=7).for_phase("training", 100.0) == 7
+
+
+def test_learned_budget_follows_the_longest_recent_step(tmp_path: Path) -> None:
+    monitor = quiet(tmp_path, budgets=Budgets(step_factor=5, step_floor=1))
+    try:
+        for duration in (0.1, 0.4, 0.2):
+            monitor.step_done(duration)
+        assert monitor.snapshot()["timeout"] == pytest.approx(2.0)
+        assert sample(monitor.snapshot(), "colossalai_training_step_timeout_seconds") == \
+            pytest.approx(2.0)
+    finally:
+        monitor.close()
+
+
+def test_stall_is_judged_per_phase_against_its_budget() -> None:
+    base = {"phase": "training", "progress": 100.0, "timeout": 10.0, "kernels_ready": True}
+    assert judge(base, 105.0) == (False, "")
+    stalled, reason = judge(base, 111.0)
+    assert stalled
+    assert reason == "stalled in phase training: no step completed for 11.0s (budget 10.0s)"
+    stalled, reason = judge({**base, "phase": "kernels"}, 111.0)
+    assert stalled
+    assert "phase kernels" in reason
+    assert judge({**base, "phase": "init"}, 105.0) == (False, "phase is init")
+    assert judge({**base, "kernels_ready": False}, 105.0) == (False, "kernels not ready")
+    assert judge({**base, "phase": "finished"}, 1e9) == (False, "run finished")
+
+
+def test_phases_checkpoint_and_evaluation(tmp_path: Path) -> None:
+    monitor = quiet(tmp_path)
+    try:
+        with monitor.kernels():
+            assert monitor.snapshot()["phase"] == "kernels"
+            assert monitor.snapshot()["kernels_ready"] is False
+        assert monitor.snapshot()["kernels_ready"] is True
+        monitor.step_done(0.01)
+        with monitor.checkpoint(step=1):
+            assert monitor.snapshot()["phase"] == "checkpointing"
+            assert monitor.snapshot()["checkpoint"]["in_flight"] is True
+            with monitor.checkpoint(step=99):  # nested (a watched save): counted once
+                pass
+        snap = monitor.snapshot()
+        assert snap["phase"] == "training"
+        assert snap["checkpoint"]["last_step"] == 1
+        assert snap["checkpoint"]["last_success"] is not None
+        assert snap["checkpoint"]["in_flight"] is False
+        with pytest.raises(OSError, match="disk full"), monitor.checkpoint(step=2):
+            raise OSError(28, "disk full")
+        snap = monitor.snapshot()
+        assert snap["checkpoint"]["failures"] == 1
+        assert snap["checkpoint"]["last_step"] == 1
+        with monitor.evaluation():
+            assert monitor.snapshot()["phase"] == "evaluating"
+        assert monitor.snapshot()["phase"] == "training"
+        monitor.finish()
+        on_disk = json.loads((tmp_path / "rank-0.json").read_text())
+        assert on_disk["phase"] == "finished"
+        assert sample(monitor.snapshot(), "colossalai_training_phase", phase="finished") == 1
+        monitor.phase("training")  # the outcome is final
+        assert monitor.snapshot()["phase"] == "finished"
+    finally:
+        monitor.close()
+
+
+def test_fail_records_the_reason_and_counts_an_oom_once(tmp_path: Path) -> None:
+    monitor = quiet(tmp_path)
+    error = RuntimeError("Adjust layout failed! No enough CUDA memory! Need 1024, got 0")
+    try:
+        with pytest.raises(RuntimeError) as raised, monitor.step():
+            raise error
+        assert raised.value is error  # re-raised unchanged
+        monitor.fail(error)  # the same exception again: not counted twice
+        snap = monitor.snapshot()
+        assert snap["oom"] == {"cuda": 1, "cpu": 0, "nvme": 0}
+        assert snap["phase"] == "failed"
+        assert snap["steps"] == 0  # a step that raised did not complete
+        assert "Adjust layout failed" in snap["error"]
+        assert snap["reason"].startswith("run failed: RuntimeError")
+    finally:
+        monitor.close()
+
+
+def test_real_host_oom_is_counted_as_cpu_and_reraised_unchanged(tmp_path: Path) -> None:
+    torch = need_torch()
+    monitor = quiet(tmp_path)
+    try:
+        with pytest.raises(RuntimeError) as raised, monitor.step():
+            torch.empty(2**45, dtype=torch.uint8)  # 32 TiB: the allocator refuses
+        assert "DefaultCPUAllocator: can't allocate memory" in str(raised.value)
+        assert classify_oom(raised.value) == "cpu"
+        assert monitor.snapshot()["oom"]["cpu"] == 1
+        assert sample(monitor.snapshot(), "colossalai_gemini_oom_total", device="cpu") == 1
+    finally:
+        monitor.close()
+
+
+def test_loss_tensor_on_cpu_is_converted_off_the_hot_path(tmp_path: Path) -> None:
+    torch = need_torch()
+    monitor = quiet(tmp_path)
+    try:
+        with monitor.step() as step:
+            step.loss = torch.tensor(2.5, requires_grad=True) * 1
+        wait_until(lambda: monitor.snapshot()["loss"] == 2.5, what="tensor loss converted")
+    finally:
+        monitor.close()
+
+
+class DeviceTensor:
+    """Stands in for a CUDA tensor (none here): a ``device`` of type "cuda" and ``item()``.
+
+    Reading it would synchronise the GPU, so the monitor must not call ``item()``
+    unless ``loss_from_device`` is set.
+    """
+
+    class device:  # mimics the tensor attribute torch.device
+        type = "cuda"
+
+    def __init__(self, value: float) -> None:
+        self.value = value
+        self.reads = 0
+
+    def detach(self) -> DeviceTensor:
+        return self
+
+    def numel(self) -> int:
+        return 1
+
+    def item(self) -> float:
+        self.reads += 1
+        return self.value
+
+
+def test_device_loss_is_never_read_unless_asked(tmp_path: Path) -> None:
+    monitor = quiet(tmp_path)
+    eager = quiet(tmp_path / "eager", loss_from_device=True)
+    try:
+        lazy_loss, eager_loss = DeviceTensor(1.5), DeviceTensor(3.5)
+        monitor.step_done(0.01, loss=lazy_loss)
+        eager.step_done(0.01, loss=eager_loss)
+        wait_until(lambda: eager.snapshot()["loss"] == 3.5, what="device loss read")
+        monitor.close()
+        assert lazy_loss.reads == 0
+        assert monitor.snapshot()["loss"] is None
+    finally:
+        monitor.close()
+        eager.close()
+
+
+def test_non_numeric_loss_warns_once_and_training_continues(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    monitor = quiet(tmp_path)
+    try:
+        with caplog.at_level(logging.WARNING, "colossalai_exporter.training"):
+            for _ in range(3):
+                with monitor.step() as step:
+                    step.loss = "not a number"
+                monitor.close()  # publishes once more, synchronously
+            monitor.step_done(0.01, loss=float("nan"))
+            monitor.close()
+        snap = monitor.snapshot()
+        assert snap["steps"] == 4
+        assert snap["monitor_errors"]["loss"] >= 1
+        assert math.isnan(snap["loss"])  # a diverged loss is a value, not an error
+        warnings = [r for r in caplog.records if "loss not recorded" in r.getMessage()]
+        assert len(warnings) == 1
+        assert "got str" in warnings[0].getMessage()
+    finally:
+        monitor.close()
+
+
+def test_a_failing_integration_hook_never_reaches_training(tmp_path: Path) -> None:
+    monitor = quiet(tmp_path)
+
+    def broken(state: object) -> None:
+        raise RuntimeError("hook bug")
+
+    try:
+        monitor.add_poller(broken)
+        monitor.step_done(0.01)
+        wait_until(lambda: monitor.snapshot()["monitor_errors"].get("hook", 0) >= 1,
+                   what="hook error counted")
+        monitor.step_done(0.01)
+        assert monitor.snapshot()["steps"] == 2
+    finally:
+        monitor.close()
+
+
+def test_unwritable_run_dir_warns_and_training_continues(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with caplog.at_level(logging.WARNING, "colossalai_exporter.training"):
+        monitor = TrainingMonitor(run_dir=blocker / "run", serve="none")
+    try:
+        assert monitor.run_dir is None
+        monitor.step_done(0.01)
+        assert monitor.snapshot()["steps"] == 1
+        assert any("not writable" in r.getMessage() and "training continues" in r.getMessage()
+                   for r in caplog.records)
+    finally:
+        monitor.close()
+
+
+def test_snapshot_file_is_replaced_atomically_and_on_phase_change(tmp_path: Path) -> None:
+    monitor = quiet(tmp_path, publish_interval=30)  # only phase changes publish now
+    try:
+        path = tmp_path / "rank-0.json"
+        wait_until(path.exists, what="first snapshot")
+        monitor.phase("evaluating")
+        wait_until(lambda: json.loads(path.read_text())["phase"] == "evaluating",
+                   what="snapshot on phase change")
+        assert not list(tmp_path.glob(".*.tmp"))
+    finally:
+        monitor.close()
+
+
+def test_package_root_and_node_side_never_import_torch() -> None:
+    import subprocess
+    import sys
+
+    from conftest import cli_env
+
+    code = ("import sys, colossalai_exporter, colossalai_exporter.node.ranks\n"
+            "from colossalai_exporter import TrainingMonitor\n"
+            "TrainingMonitor(serve='none', run_dir=None).close()\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    result = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True,
+                            text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stderr
