@@ -67,8 +67,11 @@ def listener() -> Iterator[int]:
 
 def test_serves_catalogued_names_promtool_clean_and_matches_golden(
         server_process, tmp_path: Path, listener: int) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
     agent = server_process("node", NO_GPU, "--disk", f"checkpoints={tmp_path}",
-                           "--rendezvous.target", f"127.0.0.1:{listener}")
+                           "--rendezvous.target", f"127.0.0.1:{listener}",
+                           "--ranks.run-dir", str(run_dir))
     text = scrape(agent.url)
     served = {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
     assert served <= catalogue.known_sample_names(), served - catalogue.known_sample_names()

@@ -12,6 +12,7 @@ from colossalai_exporter.node.base import NodeCollector
 from colossalai_exporter.node.config import DEFAULT_PORT, NodeConfig, add_node_flags, load_config
 from colossalai_exporter.node.disk import DiskCollector
 from colossalai_exporter.node.host import HostCollector
+from colossalai_exporter.node.ranks import RanksCollector
 from colossalai_exporter.node.rendezvous import RendezvousCollector
 from colossalai_exporter.web import App, load_web_config, serve
 from colossalai_exporter.web.auth import BasicAuthenticator
@@ -32,6 +33,8 @@ def build_collectors(config: NodeConfig) -> list[NodeCollector]:
         collectors.append(DiskCollector(config.disks))
     if config.collectors["rendezvous"] and config.rendezvous:
         collectors.append(RendezvousCollector(config.rendezvous, config.rendezvous_timeout))
+    if config.collectors["ranks"]:
+        collectors.append(RanksCollector(config.ranks_run_dir))
     return collectors
 
 
@@ -49,7 +52,8 @@ def report_first_scrape(agent: Agent) -> None:
 
 def main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="colossalai-exporter node",
-                            description="Per-node agent: GPUs, host memory, disks, rendezvous.")
+                            description="Per-node agent: GPUs, host memory, disks, "
+                                        "rendezvous, local training ranks.")
     add_common_flags(parser, DEFAULT_PORT)
     add_node_flags(parser)
     args = parser.parse_args(argv)

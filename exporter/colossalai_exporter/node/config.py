@@ -15,6 +15,8 @@ Example ``node.yml`` (every key optional)::
     rendezvous:
       targets: ["10.0.0.1:29500"]
       timeout_seconds: 2
+    ranks:
+      run_dir: /dev/shm/colossalai-exporter
 
 Environment: ``CHECKPOINT_DIR`` and ``NVME_PATH`` (the tutorial's) name the
 default disks, ``MASTER_ADDR``/``MASTER_PORT`` the default rendezvous target.
@@ -33,9 +35,10 @@ from colossalai_exporter.flags import load_yaml_file
 from colossalai_exporter.node.disk import WatchedPath
 from colossalai_exporter.node.rendezvous import Endpoint
 
-COLLECTORS = ("gpu", "host", "disk", "rendezvous")
+COLLECTORS = ("gpu", "host", "disk", "rendezvous", "ranks")
 DEFAULT_PORT = 9466
-TOP_KEYS = {"web", "log", "scrape_timeout_seconds", "collectors", "gpu", "disks", "rendezvous"}
+TOP_KEYS = {"web", "log", "scrape_timeout_seconds", "collectors", "gpu", "disks", "rendezvous",
+            "ranks"}
 
 
 @dataclass
@@ -51,6 +54,9 @@ class NodeConfig:
     disks: list[WatchedPath] = field(default_factory=list)
     rendezvous: list[Endpoint] = field(default_factory=list)
     rendezvous_timeout: float = 2.0
+    #: where the local ranks' TrainingMonitor snapshots are; None means the
+    #: monitor's default ($COLOSSALAI_EXPORTER_RUN_DIR, else /dev/shm/colossalai-exporter)
+    ranks_run_dir: str | None = None
 
 
 def parse_disk(spec: str, mount_point: bool = False) -> WatchedPath:
@@ -121,6 +127,11 @@ def apply_file(config: NodeConfig, data: Mapping[str, Any], source: str) -> None
     if "timeout_seconds" in rendezvous:
         config.rendezvous_timeout = _positive(rendezvous["timeout_seconds"],
                                               f"{source}: rendezvous.timeout_seconds")
+    ranks = _section(data, "ranks", source)
+    if "run_dir" in ranks:
+        if not isinstance(ranks["run_dir"], str) or not ranks["run_dir"]:
+            raise ConfigError(f"{source}: ranks.run_dir must be a path")
+        config.ranks_run_dir = ranks["run_dir"]
 
 
 def _count(value: Any, where: str) -> int:
@@ -154,6 +165,10 @@ def add_node_flags(parser: argparse.ArgumentParser) -> None:
                              "$MASTER_ADDR:$MASTER_PORT, else 127.0.0.1:29500")
     parser.add_argument("--rendezvous.timeout", dest="rendezvous_timeout", type=float,
                         default=None, metavar="SECONDS")
+    parser.add_argument("--ranks.run-dir", dest="ranks_run_dir", default=None, metavar="PATH",
+                        help="where local training ranks publish their state snapshots "
+                             "(default $COLOSSALAI_EXPORTER_RUN_DIR, else "
+                             "/dev/shm/colossalai-exporter)")
     parser.add_argument("--gpu.expected", dest="gpu_expected", type=int, default=None,
                         metavar="N", help="fewer visible GPUs than N is a gpu collector failure")
     parser.add_argument("--gpu.timeout", dest="gpu_timeout", type=float, default=None,
@@ -178,6 +193,8 @@ def apply_flags(config: NodeConfig, args: argparse.Namespace) -> None:
         config.rendezvous = [parse_endpoint(s) for s in args.rendezvous]
     if args.rendezvous_timeout is not None:
         config.rendezvous_timeout = _positive(args.rendezvous_timeout, "--rendezvous.timeout")
+    if args.ranks_run_dir is not None:
+        config.ranks_run_dir = args.ranks_run_dir
     if args.gpu_timeout is not None:
         config.gpu_timeout = _positive(args.gpu_timeout, "--gpu.timeout")
     if args.scrape_timeout is not None:

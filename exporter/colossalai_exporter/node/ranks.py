@@ -61,7 +61,7 @@ class RanksCollector:
     """Implements :class:`~colossalai_exporter.node.base.NodeCollector`."""
 
     name = "ranks"
-    reasons = ("permission", "timeout")
+    reasons: tuple[str, ...] = ("permission", "timeout")
 
     def __init__(self, run_dir: Path | str | None = None, *, stale_after: float = 30.0,
                  forget_after: float = 6 * 3600.0,
@@ -100,16 +100,17 @@ class RanksCollector:
                 continue
             label = [str(rank)]
             fresh = alive and snap_age <= self.stale_after
-            up.add_metric(label, 1.0 if fresh else 0.0)  # type: ignore[attr-defined]
-            age.add_metric(label, snap_age)  # type: ignore[attr-defined]
-            stopped.add_metric(label, 1.0 if is_stopped else 0.0)  # type: ignore[attr-defined]
+            up.add_metric(label, 1.0 if fresh else 0.0)
+            age.add_metric(label, snap_age)
+            stopped.add_metric(label, 1.0 if is_stopped else 0.0)
             self._merge(training, families(snap, now=now))
         return [up, age, stopped, self._errors_family(), *training.values()]
 
     def _errors_family(self) -> MetricFamily:
         errors = catalogue.family("colossalai_rank_snapshot_errors_total")
-        errors.add_metric([], float(self._errors))  # type: ignore[attr-defined]
-        return errors
+        errors.add_metric([], float(self._errors))
+        served: MetricFamily = errors
+        return served
 
     @staticmethod
     def _merge(into: dict[str, MetricFamily], fams: list[MetricFamily]) -> None:
