@@ -372,7 +372,9 @@ def test_health_heartbeat_pauses_while_firing_and_the_pause_survives_kill_9(
     config = write_config(tmp_path / "bridge.yml", tmp_path / "state", [
         {"name": "llama-up", "type": "health_heartbeat", "url": vigilmon.url + "/hh",
          "selector": ['alertname="TrainingStalled"', 'job="llama"'],
-         "interval": "200ms", "alert_ttl": "2s", "timeout": "500ms"}])
+         # alert_ttl must outlast the pause checks, the kill and a restart on a
+         # loaded machine, or the pause expires before it is checked after restart.
+         "interval": "200ms", "alert_ttl": "6s", "timeout": "500ms"}])
     bridge = start_bridge(server_process, config)
     vigilmon.wait_for("/hh", 2)
     other = body(alert("TrainingStalled", job="gpt"))  # another job: no pause
@@ -406,7 +408,7 @@ def test_health_heartbeat_pauses_while_firing_and_the_pause_survives_kill_9(
     wait_until(lambda: pings_stopped(again), timeout=5, what="pings to pause again")
     paused_at = time.monotonic()
     count = len(vigilmon.received("/hh"))
-    vigilmon.wait_for("/hh", count + 1, timeout=10)
+    vigilmon.wait_for("/hh", count + 1, timeout=15)
     assert time.monotonic() - paused_at >= 0.5
     assert http_get(again.url + "/health")[0] == 200
 
