@@ -18,6 +18,8 @@ PROG = "colossalai-exporter"
 
 # command -> (module with a ``main(argv) -> int``, one-line description)
 COMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("colossalai_exporter.demo.cli", "a short real training run on the CPU, watched by "
+             "the monitor and the node agent"),
     "node": ("colossalai_exporter.node.cli", "per-node agent: GPUs, host memory, disks, "
              "rendezvous and local training ranks"),
     "probe": ("colossalai_exporter.probe.cli", "blackbox-style prober for ColossalAI chat "

@@ -1,0 +1,155 @@
+"""``colossalai-exporter demo``: watch a short real training run through the exporter's eyes."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+import requests
+
+from colossalai_exporter.demo.launch import (
+    Started,
+    check_port_free,
+    choose_backend,
+    start_agent,
+    start_ranks,
+)
+from colossalai_exporter.demo.summary import Summary, describe
+from colossalai_exporter.flags import ArgumentParser
+
+DEFAULT_RANK0_PORT = 8766  # TrainingMonitor's default
+DEFAULT_AGENT_PORT = 9466  # the node agent's default
+
+
+def positive(kind: type[int] | type[float], minimum: float) -> Callable[[str], float]:
+    """An argparse type: a number of ``kind`` no smaller than ``minimum``."""
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not {kind.__name__}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text} is below {minimum}")
+        return value
+    parse.__name__ = kind.__name__
+    return parse
+
+
+def parser() -> ArgumentParser:
+    p = ArgumentParser(
+        prog="colossalai-exporter demo",
+        description="A short real training run on the CPU with the TrainingMonitor and the "
+                    "node agent: ColossalAI (TorchDDPPlugin, 2 ranks under torchrun) when "
+                    "installed, else plain torch DDP, else a plain Python loop.")
+    p.add_argument("--backend", choices=("auto", "colossalai", "torch", "plain"),
+                   default="auto", help="what trains (default: the best one installed)")
+    p.add_argument("--ranks", type=positive(int, 1), default=2, help="ranks (default 2)")
+    p.add_argument("--steps", type=positive(int, 1), default=600,
+                   help="steps per rank (default 600, about a minute)")
+    p.add_argument("--step-seconds", type=positive(float, 0), default=0.1,
+                   help="extra time each step takes (default 0.1)")
+    p.add_argument("--checkpoint-every", type=positive(int, 0), default=100,
+                   help="steps between checkpoints, 0 for none (default 100)")
+    p.add_argument("--stall-after", type=positive(int, 0), default=0, metavar="N",
+                   help="stop stepping after N steps, to see /health turn 503, the stall "
+                        "evidence and the node agent's view")
+    p.add_argument("--stall-for", type=positive(float, 0), default=0.0, metavar="SECONDS",
+                   help="how long the stall lasts before the ranks exit (default: until "
+                        "Ctrl-C)")
+    p.add_argument("--step-timeout", type=positive(float, 0.1), default=10.0,
+                   metavar="SECONDS", help="the step budget a stall is judged by (default 10; "
+                                            "real runs learn it)")
+    p.add_argument("--host", default="127.0.0.1", help="address every server binds")
+    p.add_argument("--port", type=positive(int, 1), default=DEFAULT_RANK0_PORT,
+                   help="rank 0's /metrics and /health (default 8766)")
+    p.add_argument("--agent-port", type=positive(int, 0), default=DEFAULT_AGENT_PORT,
+                   help="the node agent's port, 0 to not start one (default 9466)")
+    p.add_argument("--workdir", type=Path, default=None,
+                   help="run dir, checkpoints and logs (default: a new temporary directory)")
+    p.add_argument("--interval", type=positive(float, 0.1), default=2.0,
+                   help="seconds between summary lines (default 2)")
+    return p
+
+
+def wait_for_http(url: str, procs: Started, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and procs.running():
+        try:
+            requests.get(url, timeout=1.0)
+            return True
+        except requests.RequestException:
+            time.sleep(0.2)
+    return False
+
+
+def main(argv: list[str]) -> int:
+    args = parser().parse_args(argv)
+    backend, what = choose_backend(args.backend)
+    check_port_free(args.host, args.port, "rank 0")
+    if args.agent_port:
+        check_port_free(args.host, args.agent_port, "node agent")
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="colossalai-exporter-demo-"))
+    run_dir, checkpoints = workdir / "run", workdir / "checkpoints"
+    for path in (run_dir, checkpoints):
+        path.mkdir(parents=True, exist_ok=True)
+    base = f"http://{args.host}:{args.port}"
+    agent_base = f"http://{args.host}:{args.agent_port}"
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    with open(workdir / "agent.log", "ab") as agent_log, \
+            open(workdir / "train.log", "ab") as train_log:
+        agent = start_agent(args.host, args.agent_port, run_dir, checkpoints, agent_log) \
+            if args.agent_port else Started([])
+        worker_args = ["--steps", str(args.steps), "--step-seconds", str(args.step_seconds),
+                       "--stall-after", str(args.stall_after), "--stall-for", str(args.stall_for),
+                       "--checkpoint-every", str(args.checkpoint_every),
+                       "--checkpoint-dir", str(checkpoints), "--run-dir", str(run_dir),
+                       "--host", args.host, "--port", str(args.port),
+                       "--step-timeout", str(args.step_timeout)]
+        ranks = start_ranks(backend, args.ranks, worker_args, args.host, train_log)
+        try:
+            return watch(args, backend, what, workdir, base, agent_base, ranks, agent, stop)
+        finally:
+            ranks.stop()
+            agent.stop()
+
+
+def watch(args: argparse.Namespace, backend: str, what: str, workdir: Path, base: str,
+          agent_base: str, ranks: Started, agent: Started, stop: threading.Event) -> int:
+    print(f"colossalai-exporter demo: {args.ranks} ranks, {what}", flush=True)
+    print(f"  rank 0 metrics   {base}/metrics", flush=True)
+    print(f"  rank 0 health    {base}/health", flush=True)
+    if args.agent_port:
+        print(f"  node agent       {agent_base}/metrics   (every rank seen from outside)")
+        print(f"  agent health     {agent_base}/health")
+    print(f"  run directory    {workdir / 'run'}   (rank snapshots, stall evidence)")
+    print(f"  training log     {workdir / 'train.log'}", flush=True)
+    if args.agent_port and not wait_for_http(agent_base + "/health", agent, 15):
+        print(f"node agent did not come up: see {workdir / 'agent.log'}", flush=True)
+    summary = Summary(workdir / "run", base + "/health",
+                      agent_base + "/metrics" if args.agent_port else None)
+    while ranks.running() and not stop.is_set():
+        for line in summary.look():
+            print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)
+        stop.wait(args.interval)
+    if stop.is_set():
+        print("interrupted: stopping the ranks and the node agent", flush=True)
+        return 130
+    codes = ranks.returncodes()
+    print(f"training ended ({backend}), exit codes {codes}, logs in {workdir}:", flush=True)
+    for line in describe(summary.snapshots()):
+        print(f"  {line}", flush=True)
+    return 0 if all(code == 0 for code in codes) else 1
