@@ -9,8 +9,6 @@ as users would) and evaluated every second.
 
 from __future__ import annotations
 
-import json
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -24,7 +22,8 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from colossalai_exporter import catalogue
-from conftest import free_port, http_get, require_binary, run_cli, wait_until
+from conftest import wait_until
+from prometheus_helpers import render_rules, running_prometheus
 
 pytestmark = pytest.mark.slow
 
@@ -77,44 +76,19 @@ def exposition() -> Iterator[str]:
     server.server_close()
 
 
-def _api(url: str, path: str) -> Any:
-    status, _, body = http_get(url + path, timeout=2)
-    assert status == 200, body
-    return json.loads(body)["data"]
-
-
 def test_training_stalled_fires_in_prometheus(tmp_path: Path, exposition: str) -> None:
-    prometheus = require_binary("prometheus")
-    override = tmp_path / "fast.yml"
-    override.write_text("for: {TrainingStalled: 2s}\n")
-    rendered = run_cli("rules", "--override", str(override), "--output-dir",
-                       str(tmp_path / "rules"), "--kubernetes-output", "")
-    assert rendered.returncode == 0, rendered.stderr
-    config = tmp_path / "prometheus.yml"
-    config.write_text(f"""
+    rules = render_rules(tmp_path, "for: {TrainingStalled: 2s}\n")
+    config = f"""
 global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-rule_files: ["{tmp_path}/rules/*.rules.yml"]
+rule_files: ["{rules}/*.rules.yml"]
 scrape_configs:
   - job_name: colossalai-training
     static_configs: [{{targets: ["{exposition}"]}}]
-""")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = tmp_path / "prometheus.log"
-    log = log_path.open("w")
-    proc = subprocess.Popen(
-        [prometheus, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-         f"--web.listen-address=127.0.0.1:{port}"],
-        stdout=subprocess.DEVNULL, stderr=log)
-    try:
-        def firing() -> list[dict[str, Any]]:
-            assert proc.poll() is None, log_path.read_text()
-            alerts = _api(url, "/api/v1/alerts")["alerts"]
-            return [a for a in alerts
-                    if a["labels"]["alertname"] == "TrainingStalled" and a["state"] == "firing"]
-
+"""
+    with running_prometheus(tmp_path, config) as prometheus:
         started = time.monotonic()
-        (alert,) = wait_until(firing, timeout=30, interval=0.25, what="TrainingStalled firing")
+        (alert,) = wait_until(lambda: prometheus.alerts("TrainingStalled"), timeout=30,
+                              interval=0.25, what="TrainingStalled firing")
         assert time.monotonic() - started < 30
         assert alert["labels"] == {"alertname": "TrainingStalled", "severity": "critical",
                                    "job": "colossalai-training", "instance": exposition,
@@ -126,21 +100,13 @@ scrape_configs:
         assert alert["annotations"]["runbook_url"].endswith("runbooks.md#trainingstalled")
 
         # every rule in every file evaluates without error against live data
-        groups = _api(url, "/api/v1/rules")["groups"]
+        groups = prometheus.api("/api/v1/rules")["groups"]
         assert {g["file"].rsplit("/", 1)[-1] for g in groups} == {
             f"colossalai-{n}.rules.yml" for n in ("training", "node", "chat", "pipeline")}
         wait_until(lambda: all(r.get("lastEvaluation", "").startswith("2")
                                and not r["lastEvaluation"].startswith("0001")
-                               for g in _api(url, "/api/v1/rules")["groups"]
+                               for g in prometheus.api("/api/v1/rules")["groups"]
                                for r in g["rules"]), timeout=10, what="every rule evaluated")
-        for group in _api(url, "/api/v1/rules")["groups"]:
+        for group in prometheus.api("/api/v1/rules")["groups"]:
             for rule in group["rules"]:
                 assert rule["health"] == "ok", (rule["name"], rule.get("lastError"))
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-        log.close()
