@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import Any, Literal
 
 from colossalai_exporter.errors import ConfigError
+from colossalai_exporter.training import flight_recorder
 from colossalai_exporter.training import snapshot as snapfiles
 from colossalai_exporter.training.heartbeat import HeartbeatSender
 from colossalai_exporter.training.oom import Device, classify_oom
@@ -253,7 +254,7 @@ class TrainingMonitor:
         self._thread: threading.Thread | None = None
         self._server: Any = None
         self._pollers: list[Callable[[RankState], None]] = []
-        self.stacks_files: list[Path] = []
+        self.evidence_files: list[Path] = []  # stall evidence written so far (stacks, FR)
         sends = self.rank == 0 or heartbeat_all_ranks
         self._heartbeats = HeartbeatSender(
             self._state,
@@ -624,9 +625,17 @@ class TrainingMonitor:
         except Exception as exc:
             self._error("stacks", exc)
             return
-        self.stacks_files.append(path)
+        self.evidence_files.append(path)
         log.warning("rank %d %s; stacks of all threads written to %s", self.rank, reason,
                     path)
+        try:
+            recorded = flight_recorder.dump(self.run_dir, self.rank)
+        except Exception as exc:
+            self._error("stacks", exc)
+            return
+        if recorded is not None:
+            self.evidence_files.append(recorded)
+            log.warning("rank %d: NCCL flight recorder dumped to %s", self.rank, recorded)
 
     def _publish_loop(self) -> None:
         last_write = 0.0
