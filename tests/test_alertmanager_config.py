@@ -68,7 +68,7 @@ def test_routing_tree_settings() -> None:
     assert (watchdog["group_wait"], watchdog["group_interval"], watchdog["repeat_interval"]) == (
         "0s", "1m", "1m")
     assert not watchdog.get("continue", False)
-    assert bridge == {"receiver": "bridge", "continue": True}
+    assert bridge == {"receiver": "bridge", "continue": True, "group_wait": "5s"}
     assert critical["matchers"] == ['severity="critical"']
     assert warning["matchers"] == ['severity="warning"']
 

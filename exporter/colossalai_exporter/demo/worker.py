@@ -13,6 +13,8 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import signal
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -143,6 +145,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         monitor, train_step, save = torch_setup(args.backend, make_monitor)
     rank = monitor.rank
+    # SIGUSR1 makes this rank stop stepping, as --stall-after does: sent to one
+    # rank of a DDP job, the others hang inside their next all-reduce, which is
+    # what a real hang of one rank does to a job.
+    stall_requested = threading.Event()
+    signal.signal(signal.SIGUSR1, lambda signum, frame: stall_requested.set())
     stalled_at = 0
     try:
         for i in range(1, args.steps + 1):
@@ -153,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
                 # torch backends: rank 0 writes one file for the job; plain: each rank its own.
                 name = f"step{i}.pt" if args.backend != "plain" else f"step{i}-rank{rank}.json"
                 save(args.checkpoint_dir / name, i)
-            if i == args.stall_after:
+            if i == args.stall_after or stall_requested.is_set():
                 print(f"rank {rank}: stalling after step {i}", flush=True)
                 wait_for_a_peer_that_never_answers(args.stall_for)
                 stalled_at = i
