@@ -308,3 +308,13 @@ def test_provisioning_files_have_what_grafana_requires() -> None:
             assert source["type"] == "prometheus" and source["access"] == "proxy"
             assert re.match(r"https?://[\w.-]+(:\d+)?/?", source["url"])
             assert re.fullmatch(r"\d+(ms|s|m)", source["jsonData"]["timeInterval"])
+
+
+def test_docs_describe_every_dashboard_panel_and_variable() -> None:
+    text = " ".join((REPO / "docs" / "dashboards.md").read_text().split())
+    for uid, model in _models().items():
+        assert f"`{uid}`" in text and f"dashboards/{uid}.png" in text
+        for panel in model["panels"]:
+            assert panel["title"] in text, (uid, panel["title"])
+        for variable in model["templating"]["list"]:
+            assert f"`{variable['name']}`" in text, (uid, variable["name"])
