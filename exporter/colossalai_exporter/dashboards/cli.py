@@ -1,0 +1,74 @@
+"""``colossalai-exporter dashboards``: write grafana/dashboards/*.json from their Python source.
+
+    colossalai-exporter dashboards                # write the three dashboards
+    colossalai-exporter dashboards --check        # exit 1 when a committed file is stale
+    colossalai-exporter dashboards --override site.yml --output-dir /var/lib/grafana/dashboards
+
+Thresholds and job selectors come from the rules config (and its overrides),
+so a site that changes a threshold regenerates rules and dashboards alike.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from colossalai_exporter.dashboards import chat, nodes, training
+from colossalai_exporter.dashboards.dashboard import Dashboard
+from colossalai_exporter.flags import ArgumentParser
+from colossalai_exporter.rulesgen import config as rules_config
+from colossalai_exporter.rulesgen import rules
+from colossalai_exporter.rulesgen.cli import DEFAULT_CONFIG, REPO
+from colossalai_exporter.rulesgen.config import RulesConfig
+
+DEFAULT_OUTPUT_DIR = REPO / "grafana" / "dashboards"
+
+BUILDERS: tuple[Callable[[RulesConfig], Dashboard], ...] = (training.build, nodes.build,
+                                                           chat.build)
+
+
+def text(model: dict[str, Any]) -> str:
+    """The committed form: two-space indent, keys in build order, UTF-8, final newline."""
+    return json.dumps(model, indent=2, ensure_ascii=False) + "\n"
+
+
+def dashboards(config: RulesConfig) -> list[dict[str, Any]]:
+    """Every dashboard's JSON model for a rules config."""
+    return [build(config).to_json() for build in BUILDERS]
+
+
+def generate(config_path: Path = DEFAULT_CONFIG, overrides: list[Path] | None = None,
+             output_dir: Path = DEFAULT_OUTPUT_DIR) -> dict[Path, str]:
+    """Every generated file (path -> text)."""
+    cfg = rules_config.load(config_path, overrides, rules.alert_names())
+    return {output_dir / f"{model['uid']}.json": text(model) for model in dashboards(cfg)}
+
+
+def main(argv: list[str]) -> int:
+    parser = ArgumentParser(prog="colossalai-exporter dashboards",
+                            description="Write the Grafana dashboards from their Python source.")
+    parser.add_argument("--config.file", dest="config_file", type=Path, default=DEFAULT_CONFIG,
+                        metavar="PATH", help="rules config with thresholds and selectors "
+                                             "(default: rules/config.yml)")
+    parser.add_argument("--override", action="append", type=Path, default=[], metavar="PATH",
+                        help="YAML merged over the rules config; repeatable")
+    parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR, metavar="DIR",
+                        help="where the <uid>.json files go (default: grafana/dashboards/)")
+    parser.add_argument("--check", action="store_true",
+                        help="write nothing; exit 1 when a file differs from what would be written")
+    args = parser.parse_args(argv)
+    files = generate(args.config_file, args.override, args.output_dir)
+    if args.check:
+        stale = [path for path, body in files.items()
+                 if not path.exists() or path.read_text(encoding="utf-8") != body]
+        for path in stale:
+            print(f"{path} is stale: run 'colossalai-exporter dashboards'", file=sys.stderr)
+        return 1 if stale else 0
+    for path, body in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(body, encoding="utf-8")
+        print(f"wrote {path}")
+    return 0

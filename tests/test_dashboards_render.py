@@ -1,0 +1,205 @@
+"""The dashboard renderer against a real Prometheus scraping a stand-in rank-0 exposition.
+
+The stand-in serves two ranks' training series through the monitor's own
+mapping (``RankState`` -> snapshot -> ``training.families``): rank 1 steps,
+has a loss, a checkpoint and a heartbeat; rank 0 stopped stepping 100 s ago
+with a 2 s budget, so TrainingStalled fires (its ``for`` overridden to 0 s).
+Neither rank runs Gemini, so exactly the two panels that read only Gemini
+series must come back empty; nothing is scraped for the node and chat
+dashboards, so all their panels are empty except the firing-alerts table,
+which (like Grafana's with an empty job variable) shows the job-less Watchdog.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client.core import Metric
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from colossalai_exporter.dashboards import jsonmodel
+from colossalai_exporter.dashboards.query import Prometheus
+from colossalai_exporter.dashboards.render_png import legend_text, main, render_all
+from colossalai_exporter.training.families import families
+from colossalai_exporter.training.state import Budgets, RankState
+from conftest import REPO, free_port, require_binary, run_cli, wait_until
+
+pytestmark = pytest.mark.slow
+
+DASHBOARDS_DIR = REPO / "grafana" / "dashboards"
+GEMINI_ONLY = {"Gemini chunk memory by device", "Gemini host↔device traffic"}
+
+
+class TwoRanks(Collector):
+    """Rank 1 takes a 0.2 s step every scrape; rank 0 is stuck since 100 s ago."""
+
+    def __init__(self) -> None:
+        now = time.time()
+        self.budgets = Budgets(step=2.0)
+        self.ranks = [RankState(r, r, 2, 1000 + r, None, now=now - 120) for r in (0, 1)]
+        for state in self.ranks:
+            state.phase, state.phase_start, state.kernels_ready = "training", now - 110, True
+            state.info = {"plugin": "gemini", "world_size": "2"}
+            state.steps, state.last_step, state.loss = 10, now - 100, 2.5
+        stepping = self.ranks[1]
+        stepping.checkpoint_last_success, stepping.checkpoint_last_step = now - 30, 10
+        stepping.checkpoint_duration = 4.0
+        stepping.heartbeats = {"step": {"last_success": now, "last_attempt": now,
+                                        "success": 1, "failure": 0, "dropped": 0}}
+        self.lock = threading.Lock()
+
+    def collect(self) -> Iterator[Metric]:
+        now = time.time()
+        with self.lock:
+            stepping = self.ranks[1]
+            stepping.steps += 1
+            stepping.last_step = now
+            stepping.hist[5] += 1  # the 0.25 s bucket
+            stepping.duration_sum += 0.2
+            stepping.loss = 2.5 / stepping.steps ** 0.5
+            stepping.heartbeats["step"].update(last_success=now, last_attempt=now)
+            stepping.heartbeats["step"]["success"] = stepping.steps
+            for state in self.ranks:
+                yield from families(state.snapshot(self.budgets, now))
+
+
+@pytest.fixture
+def exposition() -> Iterator[str]:
+    registry = CollectorRegistry()
+    registry.register(TwoRanks())
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = generate_latest(registry)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path, exposition: str) -> Iterator[str]:
+    binary = require_binary("prometheus")
+    override = tmp_path / "fast.yml"
+    override.write_text("for: {TrainingStalled: 0s}\n")
+    rendered = run_cli("rules", "--override", str(override), "--output-dir",
+                       str(tmp_path / "rules"), "--kubernetes-output", "")
+    assert rendered.returncode == 0, rendered.stderr
+    config = tmp_path / "prometheus.yml"
+    config.write_text(f"""
+global: {{scrape_interval: 1s, evaluation_interval: 1s}}
+rule_files: ["{tmp_path}/rules/*.rules.yml"]
+scrape_configs:
+  - job_name: colossalai-training
+    static_configs: [{{targets: ["{exposition}"]}}]
+""")
+    port = free_port()
+    log_path = tmp_path / "prometheus.log"
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(
+            [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
+             f"--web.listen-address=127.0.0.1:{port}"],
+            stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            yield f"http://127.0.0.1:{port}"
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+def _titles(uid: str) -> set[str]:
+    model = jsonmodel.load(DASHBOARDS_DIR / f"{uid}.json")
+    return {p["title"] for p in jsonmodel.data_panels(model)}
+
+
+def test_renders_every_dashboard_and_reports_the_empty_panels(
+        tmp_path: Path, prometheus: str, capsys: pytest.CaptureFixture[str]) -> None:
+    api = Prometheus(prometheus, timeout=2)
+
+    def ready() -> bool:
+        # several scrapes (so every rate over $__rate_interval has samples), the stall
+        # alert firing and the straggler recording rule evaluated
+        now = time.time()
+        scrapes = api.query_range('count_over_time(up{job="colossalai-training"}[1m]) >= 8',
+                                  now, now, 1)
+        alerts = api.query_range('ALERTS{alertname="TrainingStalled", alertstate="firing"}',
+                                 now, now, 1)
+        ratio = api.query_range("job_rank:colossalai_training_steps:rate5m_ratio_to_median",
+                                now, now, 1)
+        return bool(scrapes) and bool(alerts) and bool(ratio)
+
+    wait_until(ready, timeout=45, interval=0.5, what="scrapes, TrainingStalled and the ratio")
+    end = time.time()
+    (up,) = api.query_range('up{job="colossalai-training"}', end - 60, end, 1)
+    start = up.times[0]  # from the first scrape: before it Grafana too shows nothing
+    out = tmp_path / "png"
+    results = {r.uid: r for r in render_all(prometheus, start, end, out,
+                                            scrape_interval=1.0)}
+
+    assert set(results) == {"colossalai-training", "colossalai-nodes", "colossalai-chat"}
+    for uid, result in results.items():
+        assert result.png == out / f"{uid}.png"
+        data = result.png.read_bytes()
+        assert data.startswith(b"\x89PNG\r\n\x1a\n") and len(data) > 20_000, uid
+        assert result.errors == {}, (uid, result.errors)  # every query valid in Prometheus
+        assert {p.title for p in result.panels} == _titles(uid)
+
+    training = results["colossalai-training"]
+    assert training.variables == {"job": "colossalai-training", "rank": ".*"}
+    assert set(training.empty_panels) == GEMINI_ONLY, training.empty_panels
+    assert set(training.empty_queries) == {
+        "Gemini chunk memory by device A", "Gemini host↔device traffic A",
+        "Gemini host↔device traffic B"}
+    (alerts,) = [p for p in training.panels if p.title == "Firing alerts"]
+    firing = {s.labels["alertname"] for q in alerts.queries for s in q.series}
+    assert firing == {"TrainingStalled"}
+    (phase,) = [p for p in training.panels if p.title == "Phase per rank"]
+    assert {s.values[-1] for q in phase.queries for s in q.series} == {3.0}  # "training"
+
+    for uid in ("colossalai-nodes", "colossalai-chat"):
+        result = results[uid]
+        assert result.variables["job"] == "", uid  # no such scrape job
+        assert set(result.empty_panels) == _titles(uid) - {"Firing alerts"}, uid
+
+    # the command line: one dashboard, --fail-on-empty exits 1 and names the panels
+    only = tmp_path / "only"
+    only.mkdir()
+    (only / "colossalai-training.json").write_bytes(
+        (DASHBOARDS_DIR / "colossalai-training.json").read_bytes())
+    code = main(["--prometheus.url", prometheus, "--start", str(start), "--end", str(end),
+                 "--scrape-interval", "1s", "--dashboards-dir", str(only),
+                 "--output-dir", str(tmp_path / "cli"), "--fail-on-empty"])
+    printed = capsys.readouterr().out.splitlines()
+    assert code == 1
+    assert printed[0].startswith(f"wrote {tmp_path / 'cli' / 'colossalai-training.png'} (")
+    assert sorted(printed[1:]) == sorted(f"no data: colossalai-training: {t}"
+                                         for t in GEMINI_ONLY)
+
+
+def test_legend_text_follows_grafana() -> None:
+    labels = {"__name__": "up", "job": "j", "rank": "3"}
+    assert legend_text("rank {{rank}} {{ job }}", labels) == "rank 3 j"
+    assert legend_text("__auto", labels) == 'up{job="j", rank="3"}'
+    assert legend_text("{{missing}}x", labels) == "x"
