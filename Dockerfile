@@ -29,7 +29,12 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 # permissions can name it; no login shell, no home directory.
 RUN groupadd --system --gid 10001 colossalai \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
-      --shell /usr/sbin/nologin colossalai
+      --shell /usr/sbin/nologin colossalai \
+ && install -d -o 10001 -g 10001 /var/lib/colossalai-exporter/bridge /checkpoints \
+      /run/colossalai-exporter
+# ^ mount points owned by that user: Docker gives a new named volume the owner of
+# the image directory it is mounted on, so the bridge's outbox, the demo's
+# checkpoints and the ranks' run directory are writable without running as root.
 # The wheels come through a bind mount, so they never become a layer of this image.
 RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
     python -m pip install --no-cache-dir --no-index --find-links=/wheels colossalai-exporter
