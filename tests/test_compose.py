@@ -18,6 +18,7 @@ import pytest
 
 from colossalai_exporter.bridge.config import validate as validate_bridge
 from colossalai_exporter.probe.config import ProbeConfig, apply_file
+from colossalai_exporter.probe.targets import parse_target
 from conftest import REPO
 from deploy_helpers import DEPLOY, amtool_check_config, load_yaml, promtool_check_config
 from test_dockerfile import parse_dockerfile
@@ -212,7 +213,7 @@ def test_prober_config_admits_the_stacks_chat_target(tmp_path: Path) -> None:
     for group in load_yaml(COMPOSE_DIR / "targets" / "colossalai-chat" / "compose.yml"):
         assert group["labels"]["__param_module"] in config.modules
         for target in group["targets"]:
-            assert urlsplit(target).hostname in config.allow.hosts
+            assert config.allow.host_allowed(parse_target(target, "http").host), target
 
 
 def test_demo_and_agent_share_pids_run_dir_and_checkpoints() -> None:
