@@ -1,4 +1,4 @@
-"""Helpers for the deploy/ tests: install layouts in tmp_path, promtool, a real Prometheus."""
+"""Helpers for the deploy/ tests: install layouts, promtool, a real Prometheus, file parsers."""
 
 from __future__ import annotations
 
@@ -8,11 +8,14 @@ import subprocess
 import urllib.parse
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from colossalai_exporter.flags import ArgumentParser, add_common_flags
+from colossalai_exporter.node.config import NodeConfig, add_node_flags, load_config
 from conftest import REPO, free_port, http_get, require_binary, wait_until
 
 DEPLOY = REPO / "deploy"
@@ -95,3 +98,49 @@ def active_targets(base: str) -> list[dict[str, Any]]:
     assert status == 200, body
     targets: list[dict[str, Any]] = json.loads(body)["data"]["activeTargets"]
     return targets
+
+
+@dataclass
+class Stage:
+    name: str
+    base: str
+    instructions: list[tuple[str, str]] = field(default_factory=list)
+
+    def all(self, keyword: str) -> list[str]:
+        return [args for kw, args in self.instructions if kw == keyword]
+
+
+def parse_dockerfile(text: str) -> list[Stage]:
+    """Instructions per stage: continuation lines joined, comments and blanks dropped."""
+    logical: list[str] = []
+    pending = ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not pending and (not line or line.startswith("#")):
+            continue
+        if pending and line.startswith("#"):
+            continue  # a comment inside a continued instruction
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        logical.append(pending + line)
+        pending = ""
+    stages: list[Stage] = []
+    for line in logical:
+        keyword, _, args = line.partition(" ")
+        keyword = keyword.upper()
+        if keyword == "FROM":
+            parts = args.split()
+            name = parts[2] if len(parts) == 3 and parts[1].upper() == "AS" else str(len(stages))
+            stages.append(Stage(name, parts[0]))
+        elif stages:
+            stages[-1].instructions.append((keyword, args.strip()))
+    return stages
+
+
+def node_config(args: list[str]) -> NodeConfig:
+    """What ``colossalai-exporter node ARGS`` would run with (its own flag parser)."""
+    parser = ArgumentParser(prog="node")
+    add_common_flags(parser, 9466)
+    add_node_flags(parser)
+    return load_config(parser.parse_args(args), env={})

@@ -20,8 +20,14 @@ from colossalai_exporter.bridge.config import validate as validate_bridge
 from colossalai_exporter.probe.config import ProbeConfig, apply_file
 from colossalai_exporter.probe.targets import parse_target
 from conftest import REPO
-from deploy_helpers import DEPLOY, amtool_check_config, load_yaml, promtool_check_config
-from test_dockerfile import parse_dockerfile
+from deploy_helpers import (
+    DEPLOY,
+    amtool_check_config,
+    load_yaml,
+    node_config,
+    parse_dockerfile,
+    promtool_check_config,
+)
 
 COMPOSE_DIR = DEPLOY / "compose"
 COMPOSE = COMPOSE_DIR / "docker-compose.yml"
@@ -227,6 +233,9 @@ def test_demo_and_agent_share_pids_run_dir_and_checkpoints() -> None:
         assert volume in demo["volumes"] and volume in node["volumes"]
     # read-write: a read-only mount would be reported as not_writable
     assert not any(v.endswith(":ro") for v in node["volumes"])
+    config = node_config(node["command"][1:])
+    assert [(d.name, d.path) for d in config.disks] == [("checkpoints", "/checkpoints")]
+    assert not config.collectors["gpu"] and not config.collectors["rendezvous"]
 
 
 def test_project_containers_have_a_read_only_root() -> None:

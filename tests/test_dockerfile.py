@@ -10,52 +10,14 @@ import fnmatch
 import json
 import shutil
 import subprocess
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from conftest import REPO
+from deploy_helpers import Stage, parse_dockerfile
 
 DOCKERFILE = REPO / "Dockerfile"
-
-
-@dataclass
-class Stage:
-    name: str
-    base: str
-    instructions: list[tuple[str, str]] = field(default_factory=list)
-
-    def all(self, keyword: str) -> list[str]:
-        return [args for kw, args in self.instructions if kw == keyword]
-
-
-def parse_dockerfile(text: str) -> list[Stage]:
-    """Instructions per stage: continuation lines joined, comments and blanks dropped."""
-    logical: list[str] = []
-    pending = ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if not pending and (not line or line.startswith("#")):
-            continue
-        if pending and line.startswith("#"):
-            continue  # a comment inside a continued instruction
-        if line.endswith("\\"):
-            pending += line[:-1] + " "
-            continue
-        logical.append(pending + line)
-        pending = ""
-    stages: list[Stage] = []
-    for line in logical:
-        keyword, _, args = line.partition(" ")
-        keyword = keyword.upper()
-        if keyword == "FROM":
-            parts = args.split()
-            name = parts[2] if len(parts) == 3 and parts[1].upper() == "AS" else str(len(stages))
-            stages.append(Stage(name, parts[0]))
-        elif stages:
-            stages[-1].instructions.append((keyword, args.strip()))
-    return stages
 
 
 def _stages() -> dict[str, Stage]:

@@ -24,7 +24,7 @@ from colossalai_exporter.probe.config import ProbeConfig, apply_file
 from colossalai_exporter.probe.targets import parse_target
 from colossalai_exporter.version import __version__
 from conftest import REPO
-from deploy_helpers import DEPLOY, RULE_FILES, load_all_yaml, load_yaml
+from deploy_helpers import DEPLOY, RULE_FILES, load_all_yaml, load_yaml, node_config
 
 K8S = DEPLOY / "kubernetes"
 NAMESPACE = "monitoring"
@@ -214,6 +214,12 @@ def test_node_agent_daemonset() -> None:
     assert volumes[run_mount["name"]]["hostPath"]["path"] == "/run/colossalai-exporter"
     assert run_mount["readOnly"] is True   # the agent only reads snapshots
     assert container["ports"] == [{"name": "metrics", "containerPort": 9466}]
+    # and the agent's own flag parser accepts the arguments
+    config = node_config(args[1:])
+    assert [(d.name, d.path, d.mount_point) for d in config.disks] == [
+        ("checkpoints", "/host/data/checkpoints", False), ("nvme_offload", "/host/mnt/nvme", True)]
+    assert config.ranks_run_dir == "/run/colossalai-exporter"
+    assert config.listen_address == ":9466"
     # probes on the landing page: /health is 503 while a collector reports a problem
     assert container["livenessProbe"]["httpGet"]["path"] == "/"
 
