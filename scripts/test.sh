@@ -14,5 +14,6 @@ echo "== generated files are current"
 python -m colossalai_exporter docs --check
 python -m colossalai_exporter rules --check
 python -m colossalai_exporter dashboards --check
+python -m colossalai_exporter.k8s_dashboards --check
 echo "== pytest"
 python -m pytest "$@"

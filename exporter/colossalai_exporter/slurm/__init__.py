@@ -1,0 +1,1 @@
+"""Slurm integration: Prometheus file_sd targets for a job's nodes (see cli.py)."""

@@ -1,0 +1,126 @@
+"""deploy/prometheus: promtool accepts the installed layout; Prometheus relabels as documented."""
+
+from __future__ import annotations
+
+import re
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from colossalai_exporter.slurm import file_sd
+from conftest import REPO, wait_until
+from deploy_helpers import (
+    PROMETHEUS_DIR,
+    RULE_FILES,
+    active_targets,
+    load_yaml,
+    prometheus_layout,
+    promtool_check_config,
+    running_prometheus,
+)
+
+CONFIG = PROMETHEUS_DIR / "prometheus.yml"
+
+
+def _jobs() -> dict[str, dict[str, Any]]:
+    return {job["job_name"]: job for job in load_yaml(CONFIG)["scrape_configs"]}
+
+
+def test_promtool_checks_config_rules_and_every_target_file(tmp_path: Path) -> None:
+    config = prometheus_layout(tmp_path)
+    # What a Slurm prolog adds (the *.json files), through the real module.
+    file_sd.write(tmp_path / "targets", file_sd.JobTargets("77", ["gpu-a1", "gpu-a2"]))
+    result = promtool_check_config(config)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    # Every rule_files and file_sd pattern matched a file (promtool only warns otherwise),
+    # but the chat job's *.json, which nothing here writes.
+    warnings = [line.strip() for line in output.splitlines() if "WARNING" in line]
+    assert len(warnings) == 1, output
+    assert "targets/colossalai-chat/*.json" in warnings[0]
+    assert f"SUCCESS: {len(RULE_FILES)} rule files found" in output
+    assert len(RULE_FILES) == 4
+
+
+def test_promtool_rejects_a_broken_target_file(tmp_path: Path) -> None:
+    """The check above would notice a bad file_sd file: promtool reads them."""
+    config = prometheus_layout(tmp_path)
+    (tmp_path / "targets" / "colossalai-node" / "bad.yml").write_text(
+        "- targets: [a:1]\n  labels: {bad-label: x}\n")
+    result = promtool_check_config(config)
+    assert result.returncode == 1
+    assert "bad-label" in result.stdout + result.stderr
+
+
+def test_job_names_are_the_ones_the_rules_select() -> None:
+    rules = load_yaml(REPO / "rules" / "config.yml")
+    jobs = set(_jobs())
+    for name, selector in rules["selectors"].items():
+        (job,) = re.fullmatch(r'job="([^"]+)"', selector).groups()  # type: ignore[union-attr]
+        assert job in jobs, f"selector {name} wants job {job}"
+    assert set(rules["expected_jobs"]) <= jobs
+
+
+def test_chat_job_uses_blackbox_relabel_pattern() -> None:
+    chat = _jobs()["colossalai-chat"]
+    assert chat["metrics_path"] == "/probe"
+    assert "params" not in chat  # it would overwrite the target files' __param_module
+    assert chat["relabel_configs"] == [
+        {"source_labels": ["__param_module"], "regex": "", "target_label": "__param_module",
+         "replacement": "colossal_inference"},
+        {"source_labels": ["__address__"], "target_label": "__param_target"},
+        {"source_labels": ["__param_target"], "target_label": "instance"},
+        {"target_label": "__address__", "replacement": "colossalai-prober:9467"},
+    ]
+
+
+def test_rules_and_alerting_are_wired() -> None:
+    config = load_yaml(CONFIG)
+    assert config["rule_files"] == ["rules/*.rules.yml"]
+    (manager,) = config["alerting"]["alertmanagers"]
+    assert manager["static_configs"] == [{"targets": ["alertmanager:9093"]}]
+    # the scrape deadline the node agent works within (8 s) is under Prometheus' timeout
+    assert config["global"]["scrape_timeout"] == "10s"
+
+
+def test_default_ports() -> None:
+    jobs = _jobs()
+    assert jobs["colossalai-bridge"]["static_configs"] == [{"targets": ["colossalai-bridge:9468"]}]
+    assert jobs["colossalai-prober"]["static_configs"] == [{"targets": ["colossalai-prober:9467"]}]
+    examples = PROMETHEUS_DIR / "targets"
+    node = load_yaml(examples / "colossalai-node" / "nodes.yml.example")
+    assert all(t.endswith(":9466") for group in node for t in group["targets"])
+    training = load_yaml(examples / "colossalai-training" / "llama-70b.yml.example")
+    assert all(t.endswith(":8766") for group in training for t in group["targets"])
+
+
+@pytest.mark.slow
+def test_real_prometheus_builds_probe_urls_and_labels(tmp_path: Path) -> None:
+    """Prometheus 2.42 loads the layout; /api/v1/targets shows the relabelled chat targets."""
+    config = prometheus_layout(tmp_path)
+    with running_prometheus(config) as base:
+        def chat_targets() -> dict[str, dict[str, Any]] | None:
+            found = {t["labels"]["instance"]: t for t in active_targets(base)
+                     if t["labels"]["job"] == "colossalai-chat"}
+            return found if len(found) == 3 else None
+
+        chat = wait_until(chat_targets, timeout=20, interval=0.25, what="3 chat targets")
+        inference = urllib.parse.urlsplit(chat["http://inference-1:8000"]["scrapeUrl"])
+        assert inference.netloc == "colossalai-prober:9467"
+        assert inference.path == "/probe"
+        assert urllib.parse.parse_qs(inference.query) == {
+            "module": ["colossal_inference"], "target": ["http://inference-1:8000"]}
+        # __param_module in the target file picks the group's module
+        health = urllib.parse.urlsplit(chat["http://chat-1:8080"]["scrapeUrl"])
+        assert urllib.parse.parse_qs(health.query)["module"] == ["health_json"]
+        # no __ label leaks into the stored series
+        assert set(chat["http://chat-1:8080"]["labels"]) == {"instance", "job"}
+
+        by_job: dict[str, set[str]] = {}
+        for target in active_targets(base):
+            by_job.setdefault(target["labels"]["job"], set()).add(target["labels"]["instance"])
+        assert by_job["colossalai-node"] == {"gpu-node-01:9466", "gpu-node-02:9466",
+                                             "gpu-node-03:9466"}
+        assert by_job["colossalai-training"] == {"gpu-node-01:8766"}
