@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from colossalai_exporter.bridge.config import validate as validate_bridge
+from colossalai_exporter.demo.cli import parser as demo_parser
 from colossalai_exporter.probe.config import ProbeConfig, apply_file
 from colossalai_exporter.probe.targets import parse_target
 from conftest import REPO
@@ -91,7 +92,12 @@ def test_services_and_images() -> None:
             # third-party images are pinned, never :latest
             assert re.fullmatch(r"[\w./-]+:v?\d+\.\d+\.\d+", service["image"]), name
     assert services["training-demo"]["build"]["target"] == "demo"
-    assert services["training-demo"]["command"] == ["demo"]
+    command = services["training-demo"]["command"]
+    assert command[0] == "demo"
+    args = demo_parser().parse_args(command[1:])  # the demo's own flags accept them
+    assert (str(args.run_dir), str(args.checkpoint_dir)) == ("/run/colossalai-exporter",
+                                                             "/checkpoints")
+    assert args.host == "0.0.0.0" and args.port == 8766 and args.agent_port == 0
     assert services["colossalai-node"]["command"][0] == "node"
     assert services["colossalai-bridge"]["command"][0] == "bridge"
     assert services["colossalai-prober"]["command"][0] == "probe"
@@ -108,10 +114,7 @@ def test_every_mounted_repository_path_exists() -> None:
 def test_grafana_mounts_the_provisioning_and_dashboards() -> None:
     binds = {str(host.relative_to(REPO)): target for host, target in _binds("grafana")}
     assert binds == {"grafana/provisioning": "/etc/grafana/provisioning",
-                     "grafana/dashboards": "/var/lib/grafana/dashboards"}
-    if not GRAFANA.exists():
-        pytest.skip("grafana/ is not in this tree yet (its own branch); its mounts are "
-                    "checked once it is")
+                     "grafana/dashboards": "/var/lib/grafana/dashboards/colossalai"}
     for host, _ in _binds("grafana"):
         assert host.is_dir(), host
 
@@ -124,10 +127,10 @@ def test_grafana_provisioning_agrees_with_the_compose_stack() -> None:
                  for p in (load_yaml(f) or {}).get("providers", [])]
     datasources = [d for f in sorted(provisioning.glob("datasources/*.y*ml"))
                    for d in (load_yaml(f) or {}).get("datasources", [])]
-    if not providers and not datasources:
-        pytest.skip("grafana/provisioning has no dashboards or datasources files yet")
+    assert providers and datasources
+    mounted = {target for _, target in _binds("grafana")}
     for provider in providers:
-        assert provider["options"]["path"].startswith("/var/lib/grafana/dashboards"), provider
+        assert provider["options"]["path"] in mounted, provider
     for source in datasources:
         if source.get("type") == "prometheus":
             url = urlsplit(source["url"])

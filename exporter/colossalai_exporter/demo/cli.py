@@ -72,6 +72,11 @@ def parser() -> ArgumentParser:
                    help="the node agent's port, 0 to not start one (default 9466)")
     p.add_argument("--workdir", type=Path, default=None,
                    help="run dir, checkpoints and logs (default: a new temporary directory)")
+    p.add_argument("--run-dir", type=Path, default=None,
+                   help="where ranks write snapshots and stall evidence, for a node agent "
+                        "of your own (default: WORKDIR/run)")
+    p.add_argument("--checkpoint-dir", type=Path, default=None,
+                   help="where checkpoints go (default: WORKDIR/checkpoints)")
     p.add_argument("--interval", type=positive(float, 0.1), default=2.0,
                    help="seconds between summary lines (default 2)")
     return p
@@ -95,7 +100,8 @@ def main(argv: list[str]) -> int:
     if args.agent_port:
         check_port_free(args.host, args.agent_port, "node agent")
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="colossalai-exporter-demo-"))
-    run_dir, checkpoints = workdir / "run", workdir / "checkpoints"
+    run_dir = args.run_dir or workdir / "run"
+    checkpoints = args.checkpoint_dir or workdir / "checkpoints"
     for path in (run_dir, checkpoints):
         path.mkdir(parents=True, exist_ok=True)
     base = f"http://{args.host}:{args.port}"
@@ -121,25 +127,27 @@ def main(argv: list[str]) -> int:
                        "--step-timeout", str(args.step_timeout)]
         ranks = start_ranks(backend, args.ranks, worker_args, args.host, train_log)
         try:
-            return watch(args, backend, what, workdir, base, agent_base, ranks, agent, stop)
+            return watch(args, backend, what, workdir, run_dir, base, agent_base, ranks, agent,
+                         stop)
         finally:
             ranks.stop()
             agent.stop()
 
 
-def watch(args: argparse.Namespace, backend: str, what: str, workdir: Path, base: str,
-          agent_base: str, ranks: Started, agent: Started, stop: threading.Event) -> int:
+def watch(args: argparse.Namespace, backend: str, what: str, workdir: Path, run_dir: Path,
+          base: str, agent_base: str, ranks: Started, agent: Started,
+          stop: threading.Event) -> int:
     print(f"colossalai-exporter demo: {args.ranks} ranks, {what}", flush=True)
     print(f"  rank 0 metrics   {base}/metrics", flush=True)
     print(f"  rank 0 health    {base}/health", flush=True)
     if args.agent_port:
         print(f"  node agent       {agent_base}/metrics   (every rank seen from outside)")
         print(f"  agent health     {agent_base}/health")
-    print(f"  run directory    {workdir / 'run'}   (rank snapshots, stall evidence)")
+    print(f"  run directory    {run_dir}   (rank snapshots, stall evidence)")
     print(f"  training log     {workdir / 'train.log'}", flush=True)
     if args.agent_port and not wait_for_http(agent_base + "/health", agent, 15):
         print(f"node agent did not come up: see {workdir / 'agent.log'}", flush=True)
-    summary = Summary(workdir / "run", base + "/health",
+    summary = Summary(run_dir, base + "/health",
                       agent_base + "/metrics" if args.agent_port else None)
     while ranks.running() and not stop.is_set():
         for line in summary.look():
