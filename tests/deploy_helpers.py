@@ -16,7 +16,8 @@ import yaml
 
 from colossalai_exporter.flags import ArgumentParser, add_common_flags
 from colossalai_exporter.node.config import NodeConfig, add_node_flags, load_config
-from conftest import REPO, free_port, http_get, require_binary, wait_until
+from conftest import REPO, http_get, require_binary
+from prometheus_helpers import launch_prometheus
 
 DEPLOY = REPO / "deploy"
 PROMETHEUS_DIR = DEPLOY / "prometheus"
@@ -68,27 +69,13 @@ def amtool_check_config(config: Path) -> subprocess.CompletedProcess[str]:
 
 @contextmanager
 def running_prometheus(config: Path) -> Iterator[str]:
-    """A real Prometheus on ``config`` (loopback, random port); yields its base URL."""
-    binary = require_binary("prometheus")
-    port = free_port()
-    log_path = config.parent / "prometheus.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={config.parent / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=log, stderr=subprocess.STDOUT, cwd=config.parent)
-        base = f"http://127.0.0.1:{port}"
-        try:
-            wait_until(lambda: http_get(base + "/-/ready", timeout=1)[0] == 200, timeout=30,
-                       what=f"prometheus ready (log: {log_path})")
-            yield base
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+    """A real Prometheus on ``config`` (loopback, random port); yields its base URL.
+
+    Run in the config's directory, so its relative rule and file_sd paths resolve.
+    """
+    with launch_prometheus(config, config.parent / "data", config.parent / "prometheus.log",
+                           cwd=config.parent) as prometheus:
+        yield prometheus.url
 
 
 def active_targets(base: str) -> list[dict[str, Any]]:

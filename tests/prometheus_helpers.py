@@ -5,13 +5,18 @@ from __future__ import annotations
 import contextlib
 import json
 import subprocess
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from conftest import free_port, http_get, require_binary, run_cli, wait_until
+from prometheus_client.exposition import generate_latest
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from conftest import free_port, http_get, require_binary, run_cli, stop_process, wait_until
 
 
 @dataclass
@@ -48,28 +53,57 @@ def render_rules(tmp_path: Path, override: str) -> Path:
 
 
 @contextlib.contextmanager
-def running_prometheus(tmp_path: Path, config: str) -> Iterator[Prometheus]:
-    """Prometheus with ``config`` (YAML text), its own TSDB in tmp_path, stopped afterwards."""
+def launch_prometheus(config_path: Path, data_dir: Path, log_path: Path,
+                      cwd: Path | None = None) -> Iterator[Prometheus]:
+    """Prometheus on ``config_path`` (loopback, a free port), ready; stopped afterwards."""
     binary = require_binary("prometheus")
-    config_path = tmp_path / "prometheus.yml"
-    config_path.write_text(config)
     port = free_port()
-    log_path = tmp_path / "prometheus.log"
     with log_path.open("w") as log:
         proc = subprocess.Popen(
-            [binary, f"--config.file={config_path}",
-             f"--storage.tsdb.path={tmp_path / 'prometheus-data'}",
+            [binary, f"--config.file={config_path}", f"--storage.tsdb.path={data_dir}",
              f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=subprocess.DEVNULL, stderr=log)
+            stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
         prometheus = Prometheus(f"http://127.0.0.1:{port}", proc, log_path)
         try:
             wait_until(lambda: http_get(prometheus.url + "/-/ready", timeout=1)[0] == 200,
-                       timeout=30, interval=0.2, what="Prometheus ready")
+                       timeout=30, interval=0.2, what=f"Prometheus ready (log: {log_path})")
             yield prometheus
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+            stop_process(proc, timeout=15)
+
+
+@contextlib.contextmanager
+def running_prometheus(tmp_path: Path, config: str) -> Iterator[Prometheus]:
+    """Prometheus with ``config`` (YAML text), its own TSDB in tmp_path, stopped afterwards."""
+    config_path = tmp_path / "prometheus.yml"
+    config_path.write_text(config)
+    with launch_prometheus(config_path, tmp_path / "prometheus-data",
+                           tmp_path / "prometheus.log") as prometheus:
+        yield prometheus
+
+
+@contextlib.contextmanager
+def serving(collector: Collector) -> Iterator[str]:
+    """``collector``'s exposition on a loopback HTTP server; yields its ``host:port``."""
+    registry = CollectorRegistry()
+    registry.register(collector)
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = generate_latest(registry)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import REPO, free_port, http_get, require_binary, wait_until
+from conftest import REPO, free_port, http_get, require_binary, stop_process, wait_until
 
 AM_DIR = REPO / "deploy" / "alertmanager"
 CONFIG = AM_DIR / "alertmanager.yml"
@@ -233,9 +233,4 @@ def test_real_alertmanager_inhibits_warning_of_same_alert_and_job(tmp_path: Path
                        what="the warning to be inhibited")
             assert seen[-1] == expected
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+            stop_process(proc)

@@ -12,25 +12,22 @@ which (like Grafana's with an empty job variable) shows the job-less Watchdog.
 
 from __future__ import annotations
 
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client.core import Metric
-from prometheus_client.exposition import generate_latest
-from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.registry import Collector
 
 from colossalai_exporter.dashboards import jsonmodel
 from colossalai_exporter.dashboards.query import Prometheus
 from colossalai_exporter.dashboards.render_png import legend_text, main, render_all
 from colossalai_exporter.training.families import families
 from colossalai_exporter.training.state import Budgets, RankState
-from conftest import REPO, free_port, require_binary, run_cli, wait_until
+from conftest import REPO, wait_until
+from prometheus_helpers import render_rules, running_prometheus, serving
 
 pytestmark = pytest.mark.slow
 
@@ -73,60 +70,21 @@ class TwoRanks(Collector):
 
 @pytest.fixture
 def exposition() -> Iterator[str]:
-    registry = CollectorRegistry()
-    registry.register(TwoRanks())
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = generate_latest(registry)
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serving(TwoRanks()) as address:
+        yield address
 
 
 @pytest.fixture
 def prometheus(tmp_path: Path, exposition: str) -> Iterator[str]:
-    binary = require_binary("prometheus")
-    override = tmp_path / "fast.yml"
-    override.write_text("for: {TrainingStalled: 0s}\n")
-    rendered = run_cli("rules", "--override", str(override), "--output-dir",
-                       str(tmp_path / "rules"), "--kubernetes-output", "")
-    assert rendered.returncode == 0, rendered.stderr
-    config = tmp_path / "prometheus.yml"
-    config.write_text(f"""
+    rules = render_rules(tmp_path, "for: {TrainingStalled: 0s}\n")
+    with running_prometheus(tmp_path, f"""
 global: {{scrape_interval: 1s, evaluation_interval: 1s}}
-rule_files: ["{tmp_path}/rules/*.rules.yml"]
+rule_files: ["{rules}/*.rules.yml"]
 scrape_configs:
   - job_name: colossalai-training
     static_configs: [{{targets: ["{exposition}"]}}]
-""")
-    port = free_port()
-    log_path = tmp_path / "prometheus.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={tmp_path / 'data'}",
-             f"--web.listen-address=127.0.0.1:{port}"],
-            stdout=subprocess.DEVNULL, stderr=log)
-        try:
-            yield f"http://127.0.0.1:{port}"
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(5)
+""") as running:
+        yield running.url
 
 
 def _titles(uid: str) -> set[str]:

@@ -16,7 +16,15 @@ from typing import Any
 import pytest
 
 from chat_servers import inference_app, served
-from conftest import ServerProcess, cli_env, free_port, http_get, require_binary, wait_until
+from conftest import (
+    ServerProcess,
+    cli_env,
+    free_port,
+    http_get,
+    require_binary,
+    stop_process,
+    wait_until,
+)
 
 SCRAPE_CONFIG = """
 global:
@@ -83,11 +91,6 @@ def test_prometheus_sees_probe_success_per_target(tmp_path: Path) -> None:
             up = {r["metric"]["instance"]: r["value"][1] for r in query(base, "up")}
             assert up == {healthy: "1", refused: "1"}  # the prober answered both scrapes
         finally:
-            prom.terminate()
-            try:
-                prom.wait(15)
-            except subprocess.TimeoutExpired:
-                prom.kill()
-                prom.wait(5)
+            stop_process(prom, timeout=15)
             log.close()
             prober.close()

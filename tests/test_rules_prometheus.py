@@ -9,21 +9,17 @@ as users would) and evaluated every second.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client.core import Metric
-from prometheus_client.exposition import generate_latest
-from prometheus_client.registry import Collector, CollectorRegistry
+from prometheus_client.registry import Collector
 
 from colossalai_exporter import catalogue
 from conftest import wait_until
-from prometheus_helpers import render_rules, running_prometheus
+from prometheus_helpers import render_rules, running_prometheus, serving
 
 pytestmark = pytest.mark.slow
 
@@ -53,27 +49,8 @@ class StalledRanks(Collector):
 
 @pytest.fixture
 def exposition() -> Iterator[str]:
-    registry = CollectorRegistry()
-    registry.register(StalledRanks())
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = generate_latest(registry)
-            self.send_response(200)
-            self.send_header("Content-Type", "text/plain; version=0.0.4")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    with serving(StalledRanks()) as address:
+        yield address
 
 
 def test_training_stalled_fires_in_prometheus(tmp_path: Path, exposition: str) -> None:
