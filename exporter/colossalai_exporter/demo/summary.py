@@ -16,7 +16,7 @@ from typing import Any
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from colossalai_exporter.training.snapshot import iter_snapshot_files, read_snapshot
+from colossalai_exporter.training.snapshot import read_all_snapshots
 from colossalai_exporter.training.state import judge
 
 HTTP_TIMEOUT = 2.0
@@ -93,13 +93,7 @@ class Summary:
     _agent: str | None = None
 
     def snapshots(self) -> list[dict[str, Any]]:
-        snaps = []
-        for _, path in iter_snapshot_files(self.run_dir):
-            try:
-                snaps.append(read_snapshot(path))
-            except (OSError, ValueError):
-                continue  # replaced while reading; the next look gets it
-        return snaps
+        return read_all_snapshots(self.run_dir)
 
     def look(self, now: float | None = None) -> list[str]:
         """The lines to print now: one per rank, then any events since the last look."""

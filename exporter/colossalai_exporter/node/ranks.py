@@ -34,6 +34,7 @@ from colossalai_exporter.training.families import families
 from colossalai_exporter.training.snapshot import (
     default_run_dir,
     iter_snapshot_files,
+    read_all_snapshots,
     read_snapshot,
 )
 
@@ -132,10 +133,4 @@ class RanksCollector:
 
     def snapshots(self) -> list[dict[str, Any]]:
         """Every readable snapshot in the run directory (for the agent's /health)."""
-        out = []
-        for _, path in iter_snapshot_files(self.run_dir):
-            try:
-                out.append(read_snapshot(path))
-            except (OSError, ValueError):
-                continue
-        return out
+        return read_all_snapshots(self.run_dir)

@@ -70,3 +70,14 @@ def read_snapshot(path: Path) -> dict[str, Any]:
     if not isinstance(snap, dict) or "rank" not in snap or "phase" not in snap:
         raise ValueError(f"{path}: not a rank snapshot")
     return snap
+
+
+def read_all_snapshots(run_dir: Path) -> list[dict[str, Any]]:
+    """Every readable snapshot in ``run_dir``, by rank; one being replaced is skipped."""
+    snaps = []
+    for _, path in iter_snapshot_files(run_dir):
+        try:
+            snaps.append(read_snapshot(path))
+        except (OSError, ValueError):
+            continue  # replaced or removed while reading: the next look gets it
+    return snaps
