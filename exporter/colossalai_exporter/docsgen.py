@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 from colossalai_exporter.catalogue import CATALOGUE, COMPONENT_TITLES, Metric
+from colossalai_exporter.generated import write_or_check
 
 HEADER = """\
 # Metrics
@@ -52,14 +52,5 @@ def main(argv: list[str]) -> int:
                         help="exit 1 when the file differs from the catalogue")
     args = parser.parse_args(argv)
     path: Path = args.output or default_path()
-    text = render()
-    if args.check:
-        current = path.read_text(encoding="utf-8") if path.exists() else ""
-        if current != text:
-            print(f"{path} is stale: run 'colossalai-exporter docs'", file=sys.stderr)
-            return 1
-        return 0
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    print(f"wrote {path}")
-    return 0
+    return write_or_check({path: render()}, check=args.check,
+                          regenerate="colossalai-exporter docs")

@@ -27,6 +27,7 @@ import yaml
 
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.flags import ArgumentParser
+from colossalai_exporter.generated import write_or_check
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_DASHBOARDS = REPO / "grafana" / "dashboards"
@@ -133,16 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {exc}", file=sys.stderr)
         return 2
     output: Path = args.output
-    if args.check:
-        current = output.read_text(encoding="utf-8") if output.exists() else None
-        if current != text:
-            print(f"{output} is stale: run '{PROG}'", file=sys.stderr)
-            return 1
-        return 0
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(text, encoding="utf-8")
-    print(f"wrote {output}")
-    return 0
+    return write_or_check({output: text}, check=args.check, regenerate=PROG)
 
 
 if __name__ == "__main__":

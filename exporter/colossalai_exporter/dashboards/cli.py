@@ -11,7 +11,6 @@ so a site that changes a threshold regenerates rules and dashboards alike.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from colossalai_exporter.dashboards import chat, nodes, training
 from colossalai_exporter.dashboards.dashboard import Dashboard
 from colossalai_exporter.flags import ArgumentParser
+from colossalai_exporter.generated import write_or_check
 from colossalai_exporter.rulesgen import config as rules_config
 from colossalai_exporter.rulesgen import rules
 from colossalai_exporter.rulesgen.cli import DEFAULT_CONFIG, REPO
@@ -61,14 +61,4 @@ def main(argv: list[str]) -> int:
                         help="write nothing; exit 1 when a file differs from what would be written")
     args = parser.parse_args(argv)
     files = generate(args.config_file, args.override, args.output_dir)
-    if args.check:
-        stale = [path for path, body in files.items()
-                 if not path.exists() or path.read_text(encoding="utf-8") != body]
-        for path in stale:
-            print(f"{path} is stale: run 'colossalai-exporter dashboards'", file=sys.stderr)
-        return 1 if stale else 0
-    for path, body in files.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(body, encoding="utf-8")
-        print(f"wrote {path}")
-    return 0
+    return write_or_check(files, check=args.check, regenerate="colossalai-exporter dashboards")

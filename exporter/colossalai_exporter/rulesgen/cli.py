@@ -10,10 +10,10 @@ Bad config (unknown key, wrong type, malformed duration) is one line and exit 2.
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from colossalai_exporter.flags import ArgumentParser
+from colossalai_exporter.generated import write_or_check
 from colossalai_exporter.rulesgen import config as rules_config
 from colossalai_exporter.rulesgen import render, rules
 
@@ -49,14 +49,4 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     kubernetes = Path(args.kubernetes_output) if args.kubernetes_output else None
     files = generate(args.config_file, args.override, args.output_dir, kubernetes)
-    if args.check:
-        stale = [path for path, text in files.items()
-                 if not path.exists() or path.read_text(encoding="utf-8") != text]
-        for path in stale:
-            print(f"{path} is stale: run 'colossalai-exporter rules'", file=sys.stderr)
-        return 1 if stale else 0
-    for path, text in files.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        print(f"wrote {path}")
-    return 0
+    return write_or_check(files, check=args.check, regenerate="colossalai-exporter rules")
