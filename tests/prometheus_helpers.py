@@ -54,14 +54,14 @@ def render_rules(tmp_path: Path, override: str) -> Path:
 
 @contextlib.contextmanager
 def launch_prometheus(config_path: Path, data_dir: Path, log_path: Path,
-                      cwd: Path | None = None) -> Iterator[Prometheus]:
+                      cwd: Path | None = None, *extra_args: str) -> Iterator[Prometheus]:
     """Prometheus on ``config_path`` (loopback, a free port), ready; stopped afterwards."""
     binary = require_binary("prometheus")
     port = free_port()
     with log_path.open("w") as log:
         proc = subprocess.Popen(
             [binary, f"--config.file={config_path}", f"--storage.tsdb.path={data_dir}",
-             f"--web.listen-address=127.0.0.1:{port}"],
+             f"--web.listen-address=127.0.0.1:{port}", *extra_args],
             stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
         prometheus = Prometheus(f"http://127.0.0.1:{port}", proc, log_path)
         try:

@@ -109,7 +109,10 @@ def disk_row(config: RulesConfig) -> Row:
                    f"{lookback} projected {horizon} ahead (dashed). Below "
                    f"{si_bytes(th.disk_free_bytes)} is CheckpointDiskLow.",
                    Query(free, "{{instance}} {{name}}"),
-                   Query(f"predict_linear({free}[{lookback}], {horizon.seconds:g})",
+                   # A disk cannot have less than nothing free: a steep early fit
+                   # (a short history, one big checkpoint) would draw far below zero.
+                   Query(f"clamp_min(predict_linear({free}[{lookback}], "
+                         f"{horizon.seconds:g}), 0)",
                          "{{instance}} {{name}} in " + str(horizon)),
                    unit="bytes", show_thresholds=True, dashed=("B",),
                    thresholds=(Step("red"), Step("green", th.disk_free_bytes))),

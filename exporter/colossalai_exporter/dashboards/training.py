@@ -122,8 +122,12 @@ def progress_row(config: RulesConfig) -> Row:
                          "[$__rate_interval])))", "rank {{rank}} p90"),
                    unit="s", min=0, dashed=("B",)),
         timeseries("Time in current phase vs budget",
-                   "Seconds since each rank entered its current phase (solid) and that "
-                   "phase's budget (dashed): start-up and checkpoint stalls show here.",
+                   "Seconds since each rank entered its current phase (solid) and the "
+                   "budget the rank is judged by now (dashed). Before training and while "
+                   "checkpointing the time in the phase itself is judged: start-up and "
+                   "checkpoint stalls show here. While training the budget applies to "
+                   "the time since the last step (above), so a training phase running "
+                   "past the line is normal.",
                    Query(f"time() - {R('colossalai_training_phase_start_timestamp_seconds')}",
                          "rank {{rank}}"),
                    Query(R("colossalai_training_step_timeout_seconds"),

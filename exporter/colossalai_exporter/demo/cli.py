@@ -70,6 +70,9 @@ def parser() -> ArgumentParser:
                    help="rank 0's /metrics and /health (default 8766)")
     p.add_argument("--agent-port", type=positive(int, 0), default=DEFAULT_AGENT_PORT,
                    help="the node agent's port, 0 to not start one (default 9466)")
+    p.add_argument("--master-port", type=positive(int, 0), default=0,
+                   help="torchrun's rendezvous port, for a node agent of your own to check "
+                        "(default: a free port)")
     p.add_argument("--workdir", type=Path, default=None,
                    help="run dir, checkpoints and logs (default: a new temporary directory)")
     p.add_argument("--run-dir", type=Path, default=None,
@@ -125,7 +128,8 @@ def main(argv: list[str]) -> int:
                        "--checkpoint-dir", str(checkpoints), "--run-dir", str(run_dir),
                        "--host", args.host, "--port", str(args.port),
                        "--step-timeout", str(args.step_timeout)]
-        ranks = start_ranks(backend, args.ranks, worker_args, args.host, train_log)
+        ranks = start_ranks(backend, args.ranks, worker_args, args.host, train_log,
+                            args.master_port)
         try:
             return watch(args, backend, what, workdir, run_dir, base, agent_base, ranks, agent,
                          stop)

@@ -104,15 +104,16 @@ def start_agent(host: str, port: int, run_dir: Path, checkpoint_dir: Path,
 
 
 def start_ranks(backend: str, ranks: int, worker_args: Sequence[str], host: str,
-                log: IO[bytes]) -> Started:
+                log: IO[bytes], master_port: int = 0) -> Started:
     worker = ["-m", "colossalai_exporter.demo.worker", "--backend", backend, *worker_args]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     # One thread per rank: the demo's model is tiny, and two ranks on a small
     # machine would otherwise fight over every core.
     env.setdefault("OMP_NUM_THREADS", "1")
     if backend in ("colossalai", "torch"):
+        port = master_port or free_port(host)
         argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
-                "--master_addr", host, "--master_port", str(free_port(host)), *worker]
+                "--master_addr", host, "--master_port", str(port), *worker]
         return Started([spawn(argv, log, env)])
     procs = []
     for rank in range(ranks):
