@@ -46,7 +46,8 @@ def prometheus_layout(root: Path, config: Path = PROMETHEUS_DIR / "prometheus.ym
     (root / "rules").mkdir(exist_ok=True)
     for rule_file in RULE_FILES:
         shutil.copy(rule_file, root / "rules" / rule_file.name)
-    for job in ("colossalai-node", "colossalai-training", "colossalai-chat"):
+    for job in ("colossalai-node", "colossalai-training", "colossalai-chat",
+                "colossalai-chat-app"):
         (root / "targets" / job).mkdir(parents=True, exist_ok=True)
     if examples:
         for example in PROMETHEUS_DIR.glob("targets/*/*.example"):

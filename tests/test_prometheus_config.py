@@ -36,10 +36,11 @@ def test_promtool_checks_config_rules_and_every_target_file(tmp_path: Path) -> N
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     # Every rule_files and file_sd pattern matched a file (promtool only warns otherwise),
-    # but the chat job's *.json, which nothing here writes.
+    # but the chat jobs' *.json, which nothing here writes.
     warnings = [line.strip() for line in output.splitlines() if "WARNING" in line]
-    assert len(warnings) == 1, output
+    assert len(warnings) == 2, output
     assert "targets/colossalai-chat/*.json" in warnings[0]
+    assert "targets/colossalai-chat-app/*.json" in warnings[1]
     assert f"SUCCESS: {len(RULE_FILES)} rule files found" in output
     assert len(RULE_FILES) == 4
 
@@ -124,3 +125,4 @@ def test_real_prometheus_builds_probe_urls_and_labels(tmp_path: Path) -> None:
         assert by_job["colossalai-node"] == {"gpu-node-01:9466", "gpu-node-02:9466",
                                              "gpu-node-03:9466"}
         assert by_job["colossalai-training"] == {"gpu-node-01:8766"}
+        assert by_job["colossalai-chat-app"] == {"chat-1:8080"}

@@ -109,7 +109,8 @@ def prometheus_config(rank0: str, agent: str, prober: str, chat_targets: list[st
     config["rule_files"] = [str(REPO / "rules" / "*.rules.yml")]
     config["alerting"]["alertmanagers"][0]["static_configs"] = [{"targets": [alertmanager]}]
     targets = {"colossalai-node": [agent], "colossalai-training": [rank0],
-               "colossalai-chat": chat_targets, "colossalai-prober": [prober],
+               "colossalai-chat": chat_targets, "colossalai-chat-app": [chat_app],
+               "colossalai-prober": [prober],
                "colossalai-bridge": [bridge], "alertmanager": [alertmanager]}
     jobs = config["scrape_configs"]
     for job in jobs:
@@ -122,10 +123,6 @@ def prometheus_config(rank0: str, agent: str, prober: str, chat_targets: list[st
             if relabel.get("target_label") == "__address__":
                 relabel["replacement"] = prober
     config["scrape_configs"] = [j for j in jobs if j["job_name"] != "prometheus"]
-    # The chat server's own /metrics (the FastAPI helper): a job of its own, picked
-    # on the chat dashboard by its app_job variable.
-    config["scrape_configs"].append({"job_name": "colossalai-chat-app",
-                                     "static_configs": [{"targets": [chat_app]}]})
     return config
 
 
