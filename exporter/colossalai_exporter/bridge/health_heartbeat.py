@@ -41,7 +41,8 @@ class HealthHeartbeat:
         self._clock = clock
         self._stop = threading.Event()
         self._session = requests.Session()
-        self.last_paused: float | None = None
+        self.last_paused: float | None = None  # the last tick that found it paused
+        self._paused = False
         self._thread = threading.Thread(target=self._run, name=f"health-{target.name}",
                                         daemon=True)
 
@@ -64,10 +65,15 @@ class HealthHeartbeat:
         now = self._clock()
         firing = self._store.firing(target.name, now, target.alert_ttl)
         if firing:
+            if not self._paused:  # log the change, not every tick while it lasts
+                log.info("health heartbeat paused", extra={"target": target.name,
+                                                           "firing": len(firing)})
+            self._paused = True
             self.last_paused = now
-            log.info("health heartbeat paused", extra={"target": target.name,
-                                                       "firing": len(firing)})
             return None
+        if self._paused:
+            log.info("health heartbeat resumed", extra={"target": target.name})
+            self._paused = False
         result = send(self._session, target.endpoint)
         self._stats.add_delivery(target.name, result.result)
         if result.ok:
