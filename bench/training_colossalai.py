@@ -30,6 +30,7 @@ import textwrap
 import threading
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 JOB = textwrap.dedent("""
     import json, os, sys, time
@@ -48,9 +49,12 @@ JOB = textwrap.dedent("""
     criterion = torch.nn.MSELoss()
     booster = Booster(plugin=TorchDDPPlugin())
     monitor = None
-    if mode == "monitored":
+    if mode in ("monitored", "interleaved"):
         from colossalai_exporter import TrainingMonitor
-        monitor = TrainingMonitor(host="127.0.0.1", port=port, run_dir=run_dir)
+        # A fixed budget far above any block: an "off" block's steps bypass the monitor
+        # and must not read as a stall (which would write stack dumps).
+        monitor = TrainingMonitor(host="127.0.0.1", port=port, run_dir=run_dir,
+                                  step_timeout=600 if mode == "interleaved" else None)
         model, optimizer, criterion, _, _ = monitor.boost(booster, model, optimizer, criterion)
     else:
         model, optimizer, criterion, _, _ = booster.boost(model, optimizer, criterion)
@@ -63,8 +67,42 @@ JOB = textwrap.dedent("""
         optimizer.zero_grad()
         return loss.detach()
 
-    durations = []
     perf = time.perf_counter
+    if mode == "interleaved":
+        # Blocks of steps with the monitor on and off, in one job, ABBA order: on =
+        # the with-block, the publisher at its 1 s interval and the parent's scraper
+        # (told through FLAG); off = the bare step, the publisher asleep, no scrapes.
+        # Drift of the machine then falls on both alike within seconds.
+        flag = os.path.join(run_dir, "FLAG")
+        blocks = []
+        for b in range(-1, steps):  # block -1 is the warm-up
+            on = b % 4 in (0, 3)
+            if int(os.environ["RANK"]) == 0:
+                with open(flag + ".tmp", "w") as f:
+                    f.write("on" if on else "off")
+                os.replace(flag + ".tmp", flag)
+            # The publisher's interval is private; a bench may reach in to make the
+            # off blocks as quiet as a bare job (the wake makes it re-read it).
+            monitor._publish_interval = 1.0 if on else 1e9
+            monitor._wake.set()
+            times = []
+            for i in range(warmup):
+                t0 = perf()
+                if on:
+                    with monitor.step(samples=64) as step:
+                        step.loss = work()
+                else:
+                    work()
+                times.append(perf() - t0)
+            if b >= 0:
+                blocks.append({"on": on, "durations": times})
+        monitor.finish()
+        monitor.close()
+        if int(os.environ["RANK"]) == 0:
+            with open(out, "w") as f:
+                json.dump(blocks, f)
+        sys.exit(0)
+    durations = []
     for i in range(warmup + steps):
         t0 = perf()
         if monitor is None:
@@ -99,6 +137,19 @@ def scrape_every_second(url: str, stop: threading.Event, counts: list[int]) -> N
             pass  # not up yet, or finished
 
 
+def scrape_while_on(url: str, flag: Path, stop: threading.Event, counts: list[int]) -> None:
+    """Every second, scrape rank 0 if the job says its monitor is on."""
+    while not stop.wait(1.0):
+        try:
+            if flag.read_text() != "on":
+                continue
+            with urllib.request.urlopen(url, timeout=2) as response:
+                response.read()
+            counts[0] += 1
+        except OSError:
+            pass  # not up yet, or finished
+
+
 def run_job(mode: str, steps: int, warmup: int, workdir: Path) -> tuple[list[float], int]:
     torchrun = shutil.which("torchrun", path=str(Path(sys.executable).parent))
     if torchrun is None:
@@ -109,9 +160,13 @@ def run_job(mode: str, steps: int, warmup: int, workdir: Path) -> tuple[list[flo
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=str(Path(__file__).resolve().parents[1] / "exporter"))
     stop, scrapes = threading.Event(), [0]
-    scraper = threading.Thread(target=scrape_every_second,
-                               args=(f"http://127.0.0.1:{port}/metrics", stop, scrapes))
-    if mode == "monitored":
+    url = f"http://127.0.0.1:{port}/metrics"
+    scraper = threading.Thread(target=scrape_every_second, args=(url, stop, scrapes))
+    if mode == "interleaved":
+        (workdir / "run").mkdir(exist_ok=True)
+        scraper = threading.Thread(target=scrape_while_on,
+                                   args=(url, workdir / "run" / "FLAG", stop, scrapes))
+    if mode != "bare":
         scraper.start()
     try:
         subprocess.run([torchrun, "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
@@ -123,8 +178,31 @@ def run_job(mode: str, steps: int, warmup: int, workdir: Path) -> tuple[list[flo
         stop.set()
         if scraper.is_alive():
             scraper.join()
-    durations: list[float] = json.loads(out.read_text())
+    durations: list[float] = json.loads(out.read_text())  # interleaved: a list of blocks
     return durations, scrapes[0]
+
+
+def interleaved(blocks: int, block_steps: int) -> int:
+    """One job, monitor on and off in alternating blocks (ABBA); per-block medians."""
+    with tempfile.TemporaryDirectory() as tmp:
+        result, scraped = run_job("interleaved", blocks, block_steps, Path(tmp))
+    runs: list[dict[str, Any]] = result  # type: ignore[assignment]
+    on = [statistics.median(b["durations"]) for b in runs if b["on"]]
+    off = [statistics.median(b["durations"]) for b in runs if not b["on"]]
+    # ABBA: pair each on block with its neighbouring off block (0-1, 3-2, 4-5, 7-6, ...).
+    pairs = [statistics.median(runs[i]["durations"]) / statistics.median(runs[j]["durations"])
+             for q in range(0, len(runs) - 3, 4) for i, j in ((q, q + 1), (q + 3, q + 2))]
+    print(f"python {platform.python_version()}, {os.cpu_count()} CPUs, one job, {blocks} blocks"
+          f" × {block_steps} steps (ABBA), rank 0 scraped {scraped} times in the on blocks")
+    print(f"median of on-block medians  {statistics.median(on) * 1e3:.3f} ms ({len(on)} blocks)")
+    print(f"median of off-block medians {statistics.median(off) * 1e3:.3f} ms ({len(off)} blocks)")
+    ratio = statistics.median(on) / statistics.median(off)
+    pairs.sort()
+    quartiles = statistics.quantiles(pairs, n=4)
+    print(f"ratio on / off: {ratio:.4f} (goal ≤ 1.01); paired on/off ratios: median "
+          f"{statistics.median(pairs):.4f}, quartiles {quartiles[0]:.4f}–{quartiles[2]:.4f}, "
+          f"range {pairs[0]:.4f}–{pairs[-1]:.4f} ({len(pairs)} pairs)")
+    return 0
 
 
 def main() -> int:
@@ -132,7 +210,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=400)
     parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument("--interleaved", action="store_true",
+                        help="one job with the monitor on and off in alternating blocks")
+    parser.add_argument("--blocks", type=int, default=40, help="--interleaved: blocks")
+    parser.add_argument("--block-steps", type=int, default=100,
+                        help="--interleaved: steps per block")
     args = parser.parse_args()
+    if args.interleaved:
+        return interleaved(args.blocks, args.block_steps)
     medians: dict[str, list[float]] = {"bare": [], "monitored": []}
     scraped = 0
     with tempfile.TemporaryDirectory() as tmp:
