@@ -245,8 +245,10 @@ def test_webhook_body_is_stable_signed_and_retried_on_5xx_timeouts_and_429(
 
 def test_dead_letters_and_outbox_cli(server_process: Start, tmp_path: Path,
                                      vigilmon: FakeVigilmon) -> None:
+    # max_age well over the worker's 1 s idle poll: the retried delivery (created anew
+    # by the CLI) must be seen before it is old enough to be dead-lettered again.
     config = write_config(tmp_path / "bridge.yml", tmp_path / "state", [
-        webhook_target(vigilmon, max_age="700ms", body="alertmanager")])
+        webhook_target(vigilmon, max_age="2500ms", body="alertmanager")])
     bridge = start_bridge(server_process, config)
     vigilmon.set(status=500)
     payload = body(alert("TrainingStalled", job="d"))
