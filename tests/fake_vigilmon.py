@@ -6,17 +6,22 @@ healthchecks.io-style services do: ``GET /api/heartbeat/<token>`` answers 200
 and records a ping; any other path or method is also recorded and answered
 200, so the same server is a webhook receiver. Tests can make it fail (any
 status, optionally with ``Retry-After``, e.g. 429 or 503) or hang (answer
-only after a delay) for all requests or for the next N.
+only after a delay) for all requests or for the next N, or go down (stop
+listening: connections are refused, as when the service or the network to
+it is down) and come back on the same address.
 """
 
 from __future__ import annotations
 
+import contextlib
+import socket
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from conftest import wait_until
 
@@ -45,10 +50,25 @@ class FakeVigilmon:
     behaviour: Behaviour = field(default_factory=Behaviour)
     lock: threading.Lock = field(default_factory=threading.Lock)
     failures_answered: int = 0
+    port: int = 0
+    down: bool = False
+
+    def __post_init__(self) -> None:
+        self.port = self.port or int(self.server.server_address[1])
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
+        return f"http://127.0.0.1:{self.port}"
+
+    def go_down(self) -> None:
+        """Stop listening: new connections are refused, open ones are closed."""
+        _stop(self.server)
+        self.down = True
+
+    def come_back(self) -> None:
+        """Listen again on the same port."""
+        self.server = _listen(self, self.port)
+        self.down = False
 
     def heartbeat_url(self, token: str) -> str:
         return f"{self.url}/api/heartbeat/{token}"
@@ -115,16 +135,46 @@ def _handler(fake: FakeVigilmon) -> type[BaseHTTPRequestHandler]:
     return Handler
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, port: int) -> None:
+        super().__init__(("127.0.0.1", port), BaseHTTPRequestHandler)
+        self.connections: set[socket.socket] = set()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        self.connections.add(request)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request: Any) -> None:
+        self.connections.discard(request)
+        super().shutdown_request(request)
+
+
+def _listen(fake: FakeVigilmon | None, port: int) -> _Server:
+    server = _Server(port)  # allow_reuse_address: the port can be taken again at once
+    if fake is not None:
+        server.RequestHandlerClass = _handler(fake)
+    threading.Thread(target=server.serve_forever, name="fake-vigilmon", daemon=True).start()
+    return server
+
+
+def _stop(server: ThreadingHTTPServer) -> None:
+    server.shutdown()
+    server.server_close()
+    # Keep-alive connections too: a service that is down answers nothing.
+    for conn in list(getattr(server, "connections", ())):
+        with contextlib.suppress(OSError):
+            conn.shutdown(socket.SHUT_RDWR)
+
+
 @contextmanager
 def fake_vigilmon() -> Iterator[FakeVigilmon]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), BaseHTTPRequestHandler)
+    server = _listen(None, 0)
     fake = FakeVigilmon(server)
     server.RequestHandlerClass = _handler(fake)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, name="fake-vigilmon", daemon=True)
-    thread.start()
     try:
         yield fake
     finally:
-        server.shutdown()
-        server.server_close()
+        if not fake.down:
+            _stop(fake.server)

@@ -34,6 +34,7 @@ from conftest import (
     wait_until,
 )
 from fake_vigilmon import FakeVigilmon, fake_vigilmon
+from test_web import pki  # noqa: F401 - the fixture: a CA, a server and a client certificate
 
 TOKEN = "test-token-123"
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
@@ -43,34 +44,43 @@ class BridgeProcess(ServerProcess):
     """conftest's ServerProcess with the log in a file: a pipe nobody reads would
     block the bridge once its log filled the pipe buffer."""
 
-    def __init__(self, args: list[str], port: int, log_path: Path) -> None:
+    def __init__(self, args: list[str], port: int, log_path: Path,
+                 env: dict[str, str] | None = None, scheme: str = "http") -> None:
         self.port = port
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"{scheme}://127.0.0.1:{port}"
         self.log_path = log_path
         with log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "colossalai_exporter", *args],
-                stdout=log, stderr=subprocess.STDOUT, env=cli_env())
+                stdout=log, stderr=subprocess.STDOUT, env=env or cli_env())
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
 
 
-Start = Callable[[Path], BridgeProcess]
+Start = Callable[..., BridgeProcess]
 
 
 @pytest.fixture
 def server_process(tmp_path: Path) -> Iterator[Start]:
-    """Start the real bridge (``colossalai-exporter bridge``); all are stopped afterwards."""
+    """Start the real bridge (``colossalai-exporter bridge``); all are stopped afterwards.
+
+    ``web_config`` is passed as ``--web.config.file``; with TLS in it the caller waits
+    for readiness itself (``ready=False``), with the client certificate it needs.
+    """
     started: list[BridgeProcess] = []
 
-    def start(config: Path) -> BridgeProcess:
+    def start(config: Path, *, env: dict[str, str] | None = None,
+              web_config: Path | None = None, ready: bool = True) -> BridgeProcess:
         port = free_port()
+        extra = ["--web.config.file", str(web_config)] if web_config else []
         proc = BridgeProcess(["bridge", "--config.file", str(config),
-                              "--web.listen-address", f"127.0.0.1:{port}"], port,
-                             tmp_path / f"bridge-{len(started)}.log")
+                              "--web.listen-address", f"127.0.0.1:{port}", *extra], port,
+                             tmp_path / f"bridge-{len(started)}.log", env,
+                             "https" if web_config else "http")
         started.append(proc)
-        proc.wait_ready("/metrics")
+        if ready:
+            proc.wait_ready("/metrics")
         return proc
 
     yield start
@@ -245,8 +255,10 @@ def test_webhook_body_is_stable_signed_and_retried_on_5xx_timeouts_and_429(
 
 def test_dead_letters_and_outbox_cli(server_process: Start, tmp_path: Path,
                                      vigilmon: FakeVigilmon) -> None:
+    # max_age well over the worker's 1 s idle poll: the retried delivery (created anew
+    # by the CLI) must be seen before it is old enough to be dead-lettered again.
     config = write_config(tmp_path / "bridge.yml", tmp_path / "state", [
-        webhook_target(vigilmon, max_age="700ms", body="alertmanager")])
+        webhook_target(vigilmon, max_age="2500ms", body="alertmanager")])
     bridge = start_bridge(server_process, config)
     vigilmon.set(status=500)
     payload = body(alert("TrainingStalled", job="d"))
@@ -504,3 +516,144 @@ def test_check_prints_every_problem_and_exits_2(tmp_path: Path) -> None:
     example = Path(__file__).resolve().parents[1] / "deploy" / "bridge" / "bridge.example.yml"
     data = yaml.safe_load(example.read_text())
     assert {t["type"] for t in data["targets"]} == {"heartbeat", "health_heartbeat", "webhook"}
+
+
+def hook_jobs(records: list[Any]) -> list[str]:
+    return [json.loads(r.body)["alerts"][0]["labels"]["job"] for r in records]
+
+
+def test_target_down_then_back_gets_everything_in_arrival_order_and_heartbeat_ttl(
+        server_process: Start, tmp_path: Path, vigilmon: FakeVigilmon) -> None:
+    """First 503s, then connections refused; after it comes back every notification
+    arrives once, in the order stored, and the heartbeat sends only its newest ping
+    that is still within its TTL."""
+    config = write_config(tmp_path / "bridge.yml", tmp_path / "state", [
+        webhook_target(vigilmon, selector=['alertname!="Watchdog"']),
+        {"name": "watchdog", "type": "heartbeat", "url": vigilmon.heartbeat_url("tok"),
+         "timeout": "500ms", "ttl": "2s", "period": "1m"}])
+    bridge = start_bridge(server_process, config)
+
+    vigilmon.set(status=503)
+    assert post(bridge, body(alert())).status_code == 200  # ping A, left to expire
+    ids = []
+    for i in range(30):
+        answer = post(bridge, body(alert("TrainingStalled", job=f"job{i}")))
+        assert answer.status_code == 200
+        ids.append(answer.json()["id"])
+    # Retried with backoff, and only the oldest: the others wait behind it.
+    wait_until(lambda: len(vigilmon.received("/hook", include_failed=True)) >= 3,
+               timeout=10, what="three refused attempts")
+    wait_until(lambda: metric(bridge, "colossalai_bridge_heartbeat_pings_dropped_total",
+                              target="watchdog", reason="expired") == 1,
+               timeout=10, what="ping A to expire unsent")
+
+    vigilmon.go_down()
+    for i in range(30, 60):
+        answer = post(bridge, body(alert("TrainingStalled", job=f"job{i}")))
+        assert answer.status_code == 200
+        ids.append(answer.json()["id"])
+    wait_until(lambda: (metric(bridge, "colossalai_bridge_deliveries_total", target="hook",
+                               result="connection") or 0) >= 1,
+               timeout=10, what="a refused connection")
+    assert post(bridge, body(alert())).status_code == 200  # ping B, superseded by C
+    assert post(bridge, body(alert())).status_code == 200  # ping C
+    assert metric(bridge, "colossalai_bridge_heartbeat_pings_dropped_total",
+                  target="watchdog", reason="superseded") == 1
+    assert metric(bridge, "colossalai_bridge_queue_depth", target="hook") == 60
+
+    back_at = time.time()
+    vigilmon.set(status=200)
+    vigilmon.come_back()
+    delivered = vigilmon.wait_for("/hook", 60, timeout=60)
+    assert hook_jobs(delivered) == [f"job{i}" for i in range(60)]  # each once, in order
+    assert ids == sorted(ids)
+    refused = vigilmon.received("/hook", include_failed=True)[:-60]
+    assert set(hook_jobs(refused)) == {"job0"}  # head of line: nothing overtook job0
+    pings = vigilmon.wait_for("/api/heartbeat/tok", 1)
+    wait_until(lambda: metric(bridge, "colossalai_bridge_queue_depth", target="watchdog") == 0,
+               what="the ping queue to empty")
+    assert len(vigilmon.received("/api/heartbeat/tok")) == 1  # C only: A expired, B replaced
+    assert pings[0].at >= back_at
+    assert metric(bridge, "colossalai_bridge_heartbeat_pings_dropped_total",
+                  target="watchdog", reason="expired") == 1
+    wait_until(lambda: metric(bridge, "colossalai_bridge_queue_depth", target="hook") == 0,
+               what="an empty outbox")
+
+
+def test_tls_and_client_certificates_through_the_web_config(
+        server_process: Start, tmp_path: Path, vigilmon: FakeVigilmon,
+        pki: Path) -> None:  # noqa: F811 - pytest passes test_web's fixture
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {pki}/server.crt\n"
+                   f"  key_file: {pki}/server.key\n"
+                   "  client_auth_type: RequireAndVerifyClientCert\n"
+                   f"  client_ca_file: {pki}/ca.crt\n")
+    config = write_config(tmp_path / "bridge.yml", tmp_path / "state",
+                          [webhook_target(vigilmon)])
+    bridge = server_process(config, web_config=web, ready=False)
+    ca, cert = str(pki / "ca.crt"), (str(pki / "client.crt"), str(pki / "client.key"))
+
+    def ready() -> bool:
+        if bridge.proc.poll() is not None:
+            raise AssertionError(bridge.output())
+        try:
+            return requests.get(bridge.url + "/health", verify=ca, cert=cert,
+                                timeout=2).status_code == 200
+        except requests.ConnectionError:
+            return False
+
+    wait_until(ready, timeout=15, what="the bridge over TLS")
+    assert bridge.url.startswith("https://")
+    payload = body(alert("TrainingStalled", job="tls"))
+    # verify= on each request: a Session's own verify loses to $REQUESTS_CA_BUNDLE.
+    with requests.Session() as client:
+        answer = client.post(bridge.url + "/alertmanager", data=payload, headers=AUTH,
+                             verify=ca, cert=cert, timeout=10)
+        assert answer.status_code == 200, answer.text
+        # TLS does not replace the bearer token: both are required.
+        assert client.post(bridge.url + "/alertmanager", data=payload,
+                           headers={"Content-Type": "application/json"}, verify=ca,
+                           cert=cert, timeout=10).status_code == 401
+    assert hook_jobs(vigilmon.wait_for("/hook", 1)) == ["tls"]
+    # No client certificate: refused in the handshake. With TLS 1.3 the client may only
+    # learn it when it reads (a reset, not an SSLError); either way no HTTP answer.
+    with pytest.raises(requests.ConnectionError):
+        requests.post(bridge.url + "/alertmanager", data=payload, headers=AUTH, verify=ca,
+                      timeout=10)
+    # Plain HTTP on the TLS port gets no HTTP answer.
+    with pytest.raises(requests.ConnectionError):
+        requests.post(f"http://127.0.0.1:{bridge.port}/alertmanager", data=payload,
+                      headers=AUTH, timeout=10)
+    assert bridge.proc.poll() is None
+    assert metric_tls(bridge, ca, cert, "colossalai_bridge_notifications_received_total") == 1
+
+
+def metric_tls(bridge: BridgeProcess, ca: str, cert: tuple[str, str], name: str) -> float:
+    text = requests.get(bridge.url + "/metrics", verify=ca, cert=cert, timeout=5).text
+    return next(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                if line.startswith(name + " "))
+
+
+def test_proxy_variables_and_netrc_in_the_environment_are_ignored(
+        server_process: Start, tmp_path: Path, vigilmon: FakeVigilmon) -> None:
+    """requests would route every delivery through $HTTP_PROXY (and send the heartbeat
+    token there in the URL) and add ~/.netrc credentials; the bridge's sessions do not."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / ".netrc").write_text("machine 127.0.0.1 login netrc-user password netrc-pass\n")
+    (home / ".netrc").chmod(0o600)
+    with fake_vigilmon() as proxy:
+        env = cli_env(HOME=str(home), HTTP_PROXY=proxy.url, HTTPS_PROXY=proxy.url,
+                      ALL_PROXY=proxy.url, http_proxy=proxy.url, https_proxy=proxy.url)
+        for name in ("NO_PROXY", "no_proxy"):
+            env.pop(name, None)
+        config = write_config(tmp_path / "bridge.yml", tmp_path / "state", [
+            webhook_target(vigilmon),
+            {"name": "watchdog", "type": "heartbeat", "url": vigilmon.heartbeat_url("tok")}])
+        bridge = server_process(config, env=env)
+        assert post(bridge, body(alert())).status_code == 200
+        assert post(bridge, body(alert("TrainingStalled", job="p"))).status_code == 200
+        vigilmon.wait_for("/hook", 1)
+        vigilmon.wait_for("/api/heartbeat/tok", 1)
+        assert proxy.requests == []
+        assert all("authorization" not in r.headers for r in vigilmon.requests)

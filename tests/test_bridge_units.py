@@ -15,7 +15,7 @@ from colossalai_exporter.bridge.config import Delivery, parse_duration, validate
 from colossalai_exporter.bridge.ingest import dedup_key, plan
 from colossalai_exporter.bridge.matchers import MatcherError, parse_matcher
 from colossalai_exporter.bridge.sender import parse_retry_after
-from colossalai_exporter.bridge.store import Enqueue, FiringUpdate, Store
+from colossalai_exporter.bridge.store import Enqueue, FiringUpdate, IngestItem, Store, StoreError
 from colossalai_exporter.bridge.workers import backoff_delay
 
 
@@ -223,4 +223,61 @@ def test_delivery_ids_are_never_reused(tmp_path: Path) -> None:
     store.delivered(old, now=3)  # the in-flight old ping finishes
     (new,) = store.pending("wd")
     assert new.id > old.id
+    store.close()
+
+
+def _tables(store: Store) -> dict[str, list[tuple[object, ...]]]:
+    queries = {
+        "notifications": "SELECT id, received_at, body FROM notifications ORDER BY id",
+        # Not the ids themselves: one by one, a superseded ping used up an id.
+        "outbox": "SELECT target, kind, notification_id, created_at, next_attempt_at "
+                  "FROM outbox ORDER BY id",
+        "dedup": "SELECT target, key, seen_at FROM dedup ORDER BY target, key",
+        "firing": "SELECT target, fingerprint, labels, last_seen FROM firing "
+                  "ORDER BY target, fingerprint",
+    }
+    return {name: store._db.execute(sql).fetchall() for name, sql in queries.items()}
+
+
+def test_group_commit_batch_equals_one_item_after_another(tmp_path: Path) -> None:
+    """ingest_many's few multi-row statements must do exactly what ingest does item by item."""
+    def hook(key: str) -> Enqueue:
+        return Enqueue("hook", "webhook", dedup_key=key, dedup_window=60)
+
+    ping, fail = Enqueue("wd", "ping", newest_only=True), Enqueue("wd", "fail", newest_only=True)
+    before = [IngestItem(b"old", (hook("a"), ping), (FiringUpdate("hh", "f0", "{}", True),), 1)]
+    items = [
+        IngestItem(b"1", (hook("a"), Enqueue("other", "webhook", dedup_key="a",
+                                             dedup_window=60)), (), 10),  # a: dup for hook
+        IngestItem(b"2", (hook("b"), ping), (FiringUpdate("hh", "f1", "{}", True),), 11),
+        IngestItem(b"3", (hook("b"), ping), (FiringUpdate("hh", "f0", "{}", False),), 12),
+        IngestItem(b"4", (hook("c"), fail), (FiringUpdate("hh", "f1", "{}", False),
+                                             FiringUpdate("hh", "f2", "{}", True)), 13),
+        IngestItem(b"5", (hook("a"),), (FiringUpdate("hh", "f1", "{}", True),), 80),  # expired
+        IngestItem(b"6", (), (), 81),
+    ]
+    one_by_one, batched = Store(tmp_path / "one"), Store(tmp_path / "batch")
+    for store in (one_by_one, batched):
+        assert store.ingest_many(before)[0].queued == ("hook", "wd")  # type: ignore[union-attr]
+    expected = [one_by_one.ingest(i.body, i.enqueues, i.firing, i.now) for i in items]
+    got = batched.ingest_many(items)
+    assert got == expected
+    assert _tables(batched) == _tables(one_by_one)
+    assert [r.superseded for r in expected] == [{}, {"wd": 1}, {"wd": 1}, {"wd": 1}, {}, {}]
+    assert [r.deduplicated for r in expected] == [("hook",), (), ("hook",), (), (), ()]
+    for store in (one_by_one, batched):
+        store.close()
+
+
+def test_group_commit_refuses_only_the_item_that_cannot_be_stored(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    good = IngestItem(b"{}", (Enqueue("hook", "webhook"),), (), 1)
+    # A trigger makes one body unstorable, as a full disk would for one large body.
+    store._db.execute("CREATE TRIGGER refuse BEFORE INSERT ON notifications "
+                      "WHEN NEW.body = CAST('bad' AS BLOB) BEGIN SELECT RAISE(ABORT, 'no'); END")
+    bad = IngestItem(b"bad", (Enqueue("hook", "webhook"),), (), 1)
+    results = store.ingest_many([good, bad, good])
+    assert isinstance(results[1], StoreError)
+    assert [type(r).__name__ for r in results] == ["IngestResult", "StoreError", "IngestResult"]
+    assert store.queue_stats()["hook"].depth == 2
     store.close()

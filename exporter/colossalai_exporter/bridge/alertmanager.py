@@ -102,7 +102,49 @@ def _status(obj: dict[str, Any], where: str) -> str:
     return status
 
 
+def _text_map(value: Any) -> dict[str, str] | None:
+    """``value`` as a label map if it is one (missing and null: empty), else None."""
+    if value is None:
+        return {}
+    if type(value) is dict and all(type(v) is str for v in value.values()):
+        return dict(value)
+    return None
+
+
+def _optional_text(value: Any) -> str | None:
+    if value is None:
+        return ""
+    return value if type(value) is str else None
+
+
 def _alert(obj: Any, index: int) -> Alert:
+    """One alert; a well-formed one takes a few dict lookups, anything else is
+    handed to :func:`_checked_alert`, which finds and names the problem.
+
+    Parsing is most of the bridge's own work per notification, and almost every
+    body is well formed. ``type(x) is str`` is exact here: everything comes from
+    ``json.loads``, which makes plain ``str``, ``dict`` and ``list`` only.
+    """
+    if type(obj) is dict:
+        status = obj.get("status")
+        labels = obj.get("labels")
+        starts_at = obj.get("startsAt")
+        annotations = _text_map(obj.get("annotations"))
+        ends_at = _optional_text(obj.get("endsAt"))
+        generator_url = _optional_text(obj.get("generatorURL"))
+        fingerprint = _optional_text(obj.get("fingerprint"))
+        if (type(status) is str and status in STATUSES and labels is not None
+                and type(starts_at) is str and annotations is not None
+                and ends_at is not None and generator_url is not None
+                and fingerprint is not None):
+            label_map = _text_map(labels)
+            if label_map is not None:
+                return Alert(status, label_map, annotations, starts_at, ends_at,
+                             generator_url, fingerprint)
+    return _checked_alert(obj, index)
+
+
+def _checked_alert(obj: Any, index: int) -> Alert:
     where = f"alerts[{index}]."
     if not isinstance(obj, dict):
         raise PayloadError("invalid_type", f"alerts[{index}] must be an object, got "

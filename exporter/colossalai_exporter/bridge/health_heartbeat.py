@@ -22,11 +22,9 @@ import threading
 import time
 from collections.abc import Callable
 
-import requests
-
 from colossalai_exporter.bridge.config import Target
 from colossalai_exporter.bridge.metrics import BridgeStats
-from colossalai_exporter.bridge.sender import send
+from colossalai_exporter.bridge.sender import new_session, send
 from colossalai_exporter.bridge.store import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -40,7 +38,7 @@ class HealthHeartbeat:
         self._stats = stats
         self._clock = clock
         self._stop = threading.Event()
-        self._session = requests.Session()
+        self._session = new_session()
         self.last_paused: float | None = None  # the last tick that found it paused
         self._paused = False
         self._thread = threading.Thread(target=self._run, name=f"health-{target.name}",

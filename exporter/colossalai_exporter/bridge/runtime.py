@@ -1,11 +1,11 @@
 """Start and stop the bridge's parts in the right order.
 
 Start: open the store, start the delivery workers (pending deliveries from
-before a crash resume at once), the health-heartbeat schedulers and the
-maintenance thread, then serve HTTP. Stop (SIGTERM): stop accepting and
-finish in-flight requests first (so every 200 is committed), then stop the
-workers — each finishes the request it is sending, bounded by its timeout —
-then close the store.
+before a crash resume at once), the health-heartbeat schedulers, the group
+committer and the maintenance thread, then serve HTTP. Stop (SIGTERM): stop
+accepting and finish in-flight requests first (so every 200 is committed),
+then the committer, then the workers — each finishes the request it is
+sending, bounded by its timeout — then close the store.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ class BridgeRuntime:
             worker.start()
         for scheduler in self.schedulers.values():
             scheduler.start()
+        self.bridge.committer.start()
         self._maintenance.start()
         authenticator = BasicAuthenticator(self.web_config.basic_auth_users)
         app = build_app(self.bridge, authenticator)
@@ -83,6 +84,9 @@ class BridgeRuntime:
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop()
+        # The server has answered its in-flight requests (each after its commit);
+        # the committer stores anything still queued before the store closes.
+        self.bridge.committer.stop()
         self._stop.set()
         parts: list[TargetWorker | HealthHeartbeat] = [*self.workers,
                                                        *self.schedulers.values()]

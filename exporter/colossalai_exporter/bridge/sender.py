@@ -2,6 +2,10 @@
 
 Redirects are not followed: a redirect would send the request — and a
 heartbeat token or a signed body — to an address the config never named.
+For the same reason sessions ignore the environment (:func:`new_session`):
+``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY`` would route every request,
+token in the URL, through a host the config does not name, and ``~/.netrc``
+would add credentials the config does not hold.
 Error texts never include the URL (requests puts it in exception messages,
 and heartbeat URLs carry their token).
 """
@@ -32,6 +36,17 @@ class SendResult:
     @property
     def ok(self) -> bool:
         return self.result == "success"
+
+
+def new_session() -> requests.Session:
+    """A session that sends only where and what the config says.
+
+    ``trust_env = False``: no proxies, ``.netrc`` credentials or CA bundle from
+    environment variables or the home directory.
+    """
+    session = requests.Session()
+    session.trust_env = False
+    return session
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:

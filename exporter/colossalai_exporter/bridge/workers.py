@@ -21,14 +21,12 @@ import threading
 import time
 from collections.abc import Callable
 
-import requests
-
 from colossalai_exporter.bridge import payload, signing
 from colossalai_exporter.bridge.alertmanager import PayloadError, parse_notification
 from colossalai_exporter.bridge.config import Delivery as DeliverySettings
 from colossalai_exporter.bridge.config import Target
 from colossalai_exporter.bridge.metrics import BridgeStats
-from colossalai_exporter.bridge.sender import SendResult, send
+from colossalai_exporter.bridge.sender import SendResult, new_session, send
 from colossalai_exporter.bridge.store import Delivery, Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -64,7 +62,7 @@ class TargetWorker:
         self._clock = clock
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._session = requests.Session()
+        self._session = new_session()
         self._last_attempt: float | None = None
         self._thread = threading.Thread(target=self._run, name=f"deliver-{target.name}",
                                         daemon=True)

@@ -1,0 +1,464 @@
+"""Bridge ingest and delivery throughput, next to a do-nothing endpoint on the same HTTP stack.
+
+In one run on this machine, alternating in every round:
+
+* **do-nothing**: the project's uvicorn setup (``colossalai_exporter.web.serve``:
+  same protocol class, keep-alive, timeouts) running a bare ASGI app that reads
+  the body and answers 200: the ceiling of the HTTP stack itself.
+* **bridge**: the real ``colossalai-exporter bridge`` process with a real config
+  (bearer token, three targets: a Watchdog heartbeat, a signed webhook for
+  critical/warning alerts, an ``body: alertmanager`` webhook for everything but
+  the Watchdog), its SQLite outbox on this machine's disk, every 200 after the
+  commit is fsynced. Its targets are down during ingest (connection refused, and a
+  one-hour backoff), so the deliveries pile up in the outbox as during an outage.
+* **delivery**: the bridge restarted with a loopback sink up; the time from the
+  sink's first to its last request while the outbox drains.
+
+Both ingest measurements use the same load generator: a separate process with
+one asyncio task per keep-alive connection, requests pre-encoded before the
+clock starts, so that the client takes as little of the shared CPUs as we can
+make it. Payloads are Alertmanager webhook version 4 bodies shaped like
+Alertmanager 0.25 sends them: 1 to 8 alerts per notification with labels and
+annotations as our rules produce, every one a new group or alert (nothing is
+deduplicated away), one in a hundred a Watchdog (Alertmanager sends it once
+a minute; at hundreds of notifications a second even 1 % over-represents it).
+
+    python bench/bridge_ingest.py --rounds 5 --notifications 3000 --connections 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+TOKEN = "bench-bearer-token-0123456789abcdef"
+ZERO_TIME = "0001-01-01T00:00:00Z"
+RULES = [  # (alertname, severity, summary) as the project's rules name them
+    ("TrainingStalled", "critical", "Training job {job} stalled in phase {phase}"),
+    ("GPUMemoryHigh", "warning", "GPU memory above 95% on {instance}"),
+    ("CheckpointDiskFilling", "warning", "Checkpoint disk on {instance} fills within 4h"),
+    ("RankDown", "critical", "Rank {rank} of {job} is down"),
+    ("NCCLUnreachable", "critical", "Rendezvous of {job} unreachable from {instance}"),
+    ("ChatServerEngineDown", "critical", "Chat engine behind {instance} reports Error"),
+    ("HostMemoryLow", "info", "Host memory below 5% on {instance}"),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+# -- payloads ---------------------------------------------------------------------------
+
+
+def notification(index: int, rng: random.Random) -> dict[str, Any]:
+    """One realistic version 4 body; ``index`` makes its group and alerts new."""
+    started = (f"2026-12-02T{index // 3600 % 24:02d}:{index // 60 % 60:02d}:"
+               f"{index % 60:02d}.{index % 1000:03d}Z")
+    if index % 100 == 0:
+        names = [("Watchdog", "none", "Alerting pipeline is alive")]
+        count = 1
+    else:
+        names = [RULES[index % len(RULES)]]
+        count = 1 + index % 8
+    alertname, severity, summary = names[0]
+    job = f"{rng.choice(['llama', 'gpt', 'opt', 'bloom'])}-{index % 97}"
+    alerts = []
+    for n in range(count):
+        labels = {"alertname": alertname, "severity": severity,
+                  "job": job, "instance": f"node-{(index + n) % 64:02d}.gpu.internal:9466",
+                  "rank": str(n), "namespace": "training", "phase": "step",
+                  "prometheus": "monitoring/k8s", "run_id": f"run-{index:06d}"}
+        if alertname == "Watchdog":
+            labels = {"alertname": "Watchdog", "severity": "none",
+                      "prometheus": "monitoring/k8s", "run_id": f"run-{index:06d}"}
+        fingerprint = hashlib.sha256(json.dumps(labels, sort_keys=True).encode()).hexdigest()
+        alerts.append({
+            "status": "firing",
+            "labels": labels,
+            "annotations": {
+                "summary": summary.format(**{**labels, "job": job, "phase": "step",
+                                             "instance": labels.get("instance", ""),
+                                             "rank": labels.get("rank", "")}),
+                "description": (f"{alertname} on {labels.get('instance', 'the pipeline')}: "
+                                f"no step for 612s (budget 300s, learned from the last 1000 "
+                                f"steps); last checkpoint 41m ago at step 18400."),
+                "runbook_url": "https://github.com/example/colossalai-exporter/blob/main/"
+                               f"docs/runbooks.md#{alertname.lower()}",
+            },
+            "startsAt": started,
+            "endsAt": ZERO_TIME,
+            "generatorURL": "http://prometheus-k8s-0:9090/graph?g0.expr=colossalai_training_"
+                            "last_step_timestamp_seconds&g0.tab=1",
+            "fingerprint": fingerprint[:16],
+        })
+    common = {k: v for k, v in alerts[0]["labels"].items()
+              if all(a["labels"].get(k) == v for a in alerts)}
+    return {
+        "receiver": "colossalai\\.bridge",
+        "status": "firing",
+        "alerts": alerts,
+        "groupLabels": {"alertname": alertname, "job": job},
+        "commonLabels": common,
+        "commonAnnotations": {"runbook_url": alerts[0]["annotations"]["runbook_url"]},
+        "externalURL": "http://alertmanager-main-0:9093",
+        "version": "4",
+        "groupKey": f'{{}}/{{severity=~"critical|warning"}}:{{alertname="{alertname}", '
+                    f'job="{job}", run_id="run-{index:06d}"}}',
+        "truncatedAlerts": 0,
+    }
+
+
+def encoded_requests(port: int, start: int, count: int, seed: int) -> list[bytes]:
+    rng = random.Random(seed)
+    out = []
+    for index in range(start, start + count):
+        body = json.dumps(notification(index, rng)).encode()
+        head = (f"POST /alertmanager HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+                f"User-Agent: Alertmanager/0.25.0\r\nAuthorization: Bearer {TOKEN}\r\n"
+                f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+        out.append(head.encode() + body)
+    return out
+
+
+# -- the load generator (its own process) -----------------------------------------------
+
+
+async def _connection(port: int, queue: list[bytes], latencies: list[float],
+                      statuses: dict[int, int]) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    sock = writer.get_extra_info("socket")
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        while queue:
+            request = queue.pop()
+            started = time.perf_counter()
+            writer.write(request)
+            head = await reader.readuntil(b"\r\n\r\n")
+            status = int(head[9:12])
+            length = 0
+            for line in head.split(b"\r\n")[1:]:
+                if line[:15].lower() == b"content-length:":
+                    length = int(line[15:])
+            await reader.readexactly(length)
+            latencies.append(time.perf_counter() - started)
+            statuses[status] = statuses.get(status, 0) + 1
+    finally:
+        writer.close()
+
+
+async def _load(port: int, requests: list[bytes], connections: int) -> dict[str, Any]:
+    queue = list(reversed(requests))
+    latencies: list[float] = []
+    statuses: dict[int, int] = {}
+    started = time.perf_counter()
+    await asyncio.gather(*(_connection(port, queue, latencies, statuses)
+                           for _ in range(connections)))
+    elapsed = time.perf_counter() - started
+    return {"elapsed": elapsed, "latencies": latencies, "statuses": statuses}
+
+
+def client_main(spec: dict[str, Any]) -> None:
+    """Warm up, then send ``count`` notifications; print the result as JSON."""
+    port = spec["port"]
+    warm = encoded_requests(port, spec["start"], spec["warmup"], spec["seed"])
+    timed = encoded_requests(port, spec["start"] + spec["warmup"], spec["count"],
+                             spec["seed"] + 1)
+    asyncio.run(_load(port, warm, spec["connections"]))
+    result = asyncio.run(_load(port, timed, spec["connections"]))
+    json.dump(result, sys.stdout)
+
+
+def run_client(port: int, start: int, count: int, warmup: int, connections: int,
+               seed: int) -> dict[str, Any]:
+    spec = {"port": port, "start": start, "count": count, "warmup": warmup,
+            "connections": connections, "seed": seed}
+    out = subprocess.run([sys.executable, __file__, "_client", json.dumps(spec)],
+                         capture_output=True, text=True, timeout=600, check=True)
+    return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+# -- the do-nothing server and the sink (their own processes) ---------------------------
+
+
+async def do_nothing(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """Reads the whole body and answers 200: the HTTP stack and nothing else."""
+    if scope["type"] != "http":
+        return
+    more = True
+    while more:
+        message = await receive()
+        more = message.get("more_body", False)
+    await send({"type": "http.response.start", "status": 200,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", b"2")]})
+    await send({"type": "http.response.body", "body": b"{}"})
+
+
+def noop_main(port: int) -> None:
+    from colossalai_exporter.web import serve, stop_on_signals
+
+    stop = stop_on_signals()
+    serve(do_nothing, f"127.0.0.1:{port}", name="do-nothing").wait(stop)
+
+
+def sink_main(port: int) -> None:
+    """A loopback receiver that answers 200 and counts; GET /stats reports."""
+    lock = threading.Lock()
+    stats: dict[str, Any] = {"count": 0, "first": None, "last": None, "paths": {}}
+
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        wbufsize = 65536
+        disable_nagle_algorithm = True
+
+        def _answer(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            if length:
+                self.rfile.read(length)
+            if self.path == "/stats":
+                with lock:
+                    body = json.dumps(stats).encode()
+            else:
+                now = time.time()
+                with lock:
+                    stats["count"] += 1
+                    stats["first"] = stats["first"] or now
+                    stats["last"] = now
+                    key = self.path.split("/")[1]
+                    stats["paths"][key] = stats["paths"].get(key, 0) + 1
+                body = b"OK"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, format: str, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server.daemon_threads = True
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    server.serve_forever()
+
+
+# -- orchestration ----------------------------------------------------------------------
+
+
+def env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=str(REPO / "exporter"))
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{url}: server exited {proc.returncode}")
+        try:
+            with urllib.request.urlopen(url, timeout=2):
+                return
+        except OSError:
+            time.sleep(0.02)
+    raise SystemExit(f"{url} did not answer within {timeout}s")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    proc.terminate()
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+def metric(port: int, name: str) -> float:
+    """The sum of a metric's samples over all its label values."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith((f"{name} ", f"{name}{{")))
+
+
+def write_config(workdir: Path, sink_port: int) -> Path:
+    import yaml
+
+    sink = f"http://127.0.0.1:{sink_port}"
+    config = {
+        "state_dir": str(workdir / "state"),
+        "receiver": {"bearer_token_file": str(workdir / "token")},
+        # One attempt against the refused sink, then the targets wait: the outbox
+        # fills as it would while they are down. A restart makes everything due.
+        "delivery": {"initial_backoff": "1h", "max_backoff": "1h"},
+        "targets": [
+            {"name": "watchdog", "type": "heartbeat", "url": f"{sink}/hb/vtk_secret",
+             "timeout": "5s"},
+            {"name": "oncall", "type": "webhook", "url": f"{sink}/oncall",
+             "selector": ['severity=~"critical|warning"'], "signing_secret": "whsec_"
+             "YmVuY2gtc2lnbmluZy1rZXk=", "timeout": "5s"},
+            {"name": "audit", "type": "webhook", "url": f"{sink}/audit",
+             "selector": ['alertname!="Watchdog"'], "body": "alertmanager", "timeout": "5s"},
+        ],
+    }
+    (workdir / "token").write_text(TOKEN + "\n")
+    path = workdir / "bridge.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def start_bridge(config: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "colossalai_exporter", "bridge", "--config.file",
+             str(config), "--web.listen-address", f"127.0.0.1:{port}", "--log.level",
+             "error"], stdout=out, stderr=subprocess.STDOUT, env=env())
+    wait_http(f"http://127.0.0.1:{port}/metrics", proc)
+    return proc
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def summary(result: dict[str, Any], count: int) -> dict[str, float]:
+    lat = result["latencies"]
+    if result["statuses"] != {"200": count}:
+        raise SystemExit(f"not every request was answered 200: {result['statuses']}")
+    return {"rate": count / result["elapsed"], "p50": statistics.median(lat) * 1e3,
+            "p99": percentile(lat, 0.99) * 1e3}
+
+
+def one_round(number: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    me = [sys.executable, __file__]
+    noop_port = free_port()
+    noop = subprocess.Popen([*me, "_noop", str(noop_port)], env=env())
+    try:
+        wait_http(f"http://127.0.0.1:{noop_port}/", noop)
+        base = summary(run_client(noop_port, 0, args.notifications, args.warmup,
+                                  args.connections, number), args.notifications)
+    finally:
+        stop(noop)
+
+    rdir = workdir / f"round{number}"
+    rdir.mkdir()
+    sink_port = free_port()  # nothing listens yet: the targets are down during ingest
+    config = write_config(rdir, sink_port)
+    bridge_port = free_port()
+    bridge = start_bridge(config, bridge_port, rdir / "bridge.log")
+    try:
+        ours = summary(run_client(bridge_port, 0, args.notifications, args.warmup,
+                                  args.connections, number), args.notifications)
+        received = metric(bridge_port, "colossalai_bridge_notifications_received_total")
+        pending = metric(bridge_port, "colossalai_bridge_queue_depth")
+    finally:
+        stop(bridge)
+    if received != args.notifications + args.warmup:
+        raise SystemExit(f"bridge counted {received} notifications")
+
+    sink = subprocess.Popen([*me, "_sink", str(sink_port)], env=env())
+    try:
+        wait_http(f"http://127.0.0.1:{sink_port}/stats", sink)
+        bridge = start_bridge(config, bridge_port, rdir / "bridge.log")
+        try:
+            deadline = time.monotonic() + 600
+            while True:
+                with urllib.request.urlopen(f"http://127.0.0.1:{sink_port}/stats") as r:
+                    stats = json.loads(r.read())
+                if stats["count"] >= pending:
+                    break
+                if time.monotonic() > deadline:
+                    raise SystemExit(f"only {stats['count']} of {pending} delivered")
+                time.sleep(0.2)
+            left = metric(bridge_port, "colossalai_bridge_queue_depth")
+        finally:
+            stop(bridge)
+    finally:
+        stop(sink)
+    if stats["count"] != pending or left != 0:
+        raise SystemExit(f"delivered {stats['count']} of {pending}, {left} left")
+    spread = stats["last"] - stats["first"]
+    delivery = {"count": stats["count"], "rate": (stats["count"] - 1) / spread,
+                "paths": stats["paths"]}
+    return {"noop": base, "bridge": ours, "delivery": delivery}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--notifications", type=int, default=3000,
+                        help="timed notifications per ingest run (after the warm-up)")
+    parser.add_argument("--warmup", type=int, default=300)
+    parser.add_argument("--connections", type=int, default=16,
+                        help="concurrent keep-alive client connections")
+    args = parser.parse_args()
+    sizes = [len(r) for r in encoded_requests(1, 0, 1000, 0)]
+    alerts = [len(notification(i, random.Random(0))["alerts"]) for i in range(1000)]
+    print(f"{os.cpu_count()} cores, Python {sys.version.split()[0]}; {args.notifications} "
+          f"timed notifications per run after {args.warmup} warm-up, {args.connections} "
+          f"keep-alive connections; request size median {statistics.median(sizes):.0f} B "
+          f"(max {max(sizes)}), alerts per notification mean {statistics.mean(alerts):.1f}\n")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bridge-bench-", dir=args_dir()) as tmp:
+        for number in range(1, args.rounds + 1):
+            row = one_round(number, args, Path(tmp))
+            rows.append(row)
+            print(f"round {number}: do-nothing {row['noop']['rate']:.0f}/s "
+                  f"p99 {row['noop']['p99']:.1f} ms | bridge {row['bridge']['rate']:.0f}/s "
+                  f"p50 {row['bridge']['p50']:.1f} ms p99 {row['bridge']['p99']:.1f} ms "
+                  f"| ratio {row['bridge']['rate'] / row['noop']['rate']:.2f} | delivery "
+                  f"{row['delivery']['rate']:.0f}/s ({row['delivery']['count']} deliveries)",
+                  flush=True)
+    print("\n| round | do-nothing rate | do-nothing p99 | bridge rate | bridge p50 | "
+          "bridge p99 | ratio | delivery rate |")
+    print("|---|---|---|---|---|---|---|---|")
+    for number, row in enumerate(rows, 1):
+        print(f"| {number} | {row['noop']['rate']:.0f}/s | {row['noop']['p99']:.1f} ms "
+              f"| {row['bridge']['rate']:.0f}/s | {row['bridge']['p50']:.1f} ms "
+              f"| {row['bridge']['p99']:.1f} ms "
+              f"| {row['bridge']['rate'] / row['noop']['rate']:.2f} "
+              f"| {row['delivery']['rate']:.0f}/s |")
+    ratios = [r["bridge"]["rate"] / r["noop"]["rate"] for r in rows]
+    noop_median = statistics.median(r["noop"]["rate"] for r in rows)
+    print(f"\nmedian of rounds: do-nothing {noop_median:.0f}/s, "
+          f"bridge {statistics.median(r['bridge']['rate'] for r in rows):.0f}/s, ratio "
+          f"{statistics.median(ratios):.2f} (min {min(ratios):.2f}, max {max(ratios):.2f}), "
+          f"bridge p99 {statistics.median(r['bridge']['p99'] for r in rows):.1f} ms, delivery "
+          f"{statistics.median(r['delivery']['rate'] for r in rows):.0f}/s")
+    return 0
+
+
+def args_dir() -> str | None:
+    """Where the outbox lives: BENCH_STATE_DIR, or the system's temporary directory."""
+    return os.environ.get("BENCH_STATE_DIR") or None
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "_client":
+        client_main(json.loads(sys.argv[2]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "_noop":
+        noop_main(int(sys.argv[2]))
+    elif len(sys.argv) > 1 and sys.argv[1] == "_sink":
+        sink_main(int(sys.argv[2]))
+    else:
+        sys.exit(main())
