@@ -26,14 +26,14 @@ from conftest import cli_env, free_port, http_get, require, run_cli, wait_until
 class Demo:
     """A running ``colossalai-exporter demo``; output in a file, never a pipe that can fill."""
 
-    def __init__(self, workdir: Path, *args: str) -> None:
+    def __init__(self, workdir: Path, *args: str, env: dict[str, str] | None = None) -> None:
         self.port, self.agent_port = free_port(), free_port()
         self.workdir = workdir
         self.log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "colossalai_exporter", "demo", "--workdir", str(workdir),
              "--port", str(self.port), "--agent-port", str(self.agent_port), *args],
-            stdout=self.log, stderr=subprocess.STDOUT, text=True, env=cli_env())
+            stdout=self.log, stderr=subprocess.STDOUT, text=True, env=env or cli_env())
 
     def output(self) -> str:
         self.log.seek(0)

@@ -36,7 +36,6 @@ import os
 import signal
 import sqlite3
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -67,6 +66,7 @@ from fake_vigilmon import FakeVigilmon, Recorded, fake_vigilmon
 from gpu_helpers import Scenario, gpu
 from prometheus_helpers import Prometheus, launch_prometheus
 from test_bridge_e2e import TOKEN, BridgeProcess, write_config
+from test_demo import Demo
 
 pytestmark = pytest.mark.slow
 
@@ -166,34 +166,18 @@ def running_alertmanager(config: Path, tmp: Path) -> Iterator[str]:
             stop_process(proc, timeout=15)
 
 
-class Training:
+def training(workdir: Path, port: int, master_port: int, env: dict[str, str]) -> Demo:
     """``colossalai-exporter demo`` on the ColossalAI backend, without its own agent."""
+    # The later --port and --agent-port win over the ones Demo passes.
+    return Demo(workdir, "--backend", "colossalai", "--port", str(port), "--agent-port", "0",
+                "--master-port", str(master_port), "--steps", "1000000",
+                "--step-seconds", "0.1", "--checkpoint-every", "100",
+                "--step-timeout", f"{STEP_BUDGET:g}", "--interval", "5", env=env)
 
-    def __init__(self, workdir: Path, port: int, master_port: int, env: dict[str, str]) -> None:
-        self.workdir = workdir
-        self.log_path = workdir / "demo.log"
-        workdir.mkdir(parents=True)
-        with self.log_path.open("w") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "colossalai_exporter", "demo", "--backend", "colossalai",
-                 "--workdir", str(workdir), "--port", str(port), "--agent-port", "0",
-                 "--master-port", str(master_port), "--steps", "1000000",
-                 "--step-seconds", "0.1", "--checkpoint-every", "100",
-                 "--step-timeout", f"{STEP_BUDGET:g}", "--interval", "5"],
-                stdout=log, stderr=subprocess.STDOUT, env=env)
 
-    def rank_pid(self, rank: int) -> int:
-        snapshot = json.loads((self.workdir / "run" / f"rank-{rank}.json").read_text())
-        return int(snapshot["pid"])
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGINT)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+def rank_pid(demo: Demo, rank: int) -> int:
+    snapshot = json.loads((demo.workdir / "run" / f"rank-{rank}.json").read_text())
+    return int(snapshot["pid"])
 
 
 def bridge_notifications(state_dir: Path) -> list[tuple[float, dict[str, Any]]]:
@@ -235,11 +219,11 @@ def metric_value(base: str, name: str) -> float | None:
     return None
 
 
-def follow_the_stall(stack: Stack, training: Training) -> None:
+def follow_the_stall(stack: Stack, demo: Demo) -> None:
     """SIGUSR1 to rank 1, then note when each part of the path first saw the stall."""
     vigilmon, t = stack.vigilmon, stack.timeline
     t["signal"] = time.time()
-    os.kill(training.rank_pid(1), signal.SIGUSR1)
+    os.kill(rank_pid(demo, 1), signal.SIGUSR1)
     deadline = t["signal"] + GOAL + 60
     while "webhook" not in t or "slack" not in t:
         assert time.time() < deadline, f"the stall did not page in time: {t}"
@@ -310,10 +294,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         bridge.wait_ready("/metrics")
 
         rank0_port, master_port = free_port(), free_port()
-        training = Training(tmp / "demo", rank0_port, master_port, cli_env(
+        demo = training(tmp / "demo", rank0_port, master_port, cli_env(
             STEP_HEARTBEAT_URL=vigilmon.url + "/step-heartbeat",
             CHECKPOINT_HEARTBEAT_URL=vigilmon.url + "/checkpoint-heartbeat"))
-        stop.callback(training.close)
+        stop.callback(demo.close)
 
         nvml = Scenario(tmp / "nvml.json").write(driver_version="550.54.15",
                                                  gpus=[gpu(0), gpu(1)])
@@ -352,10 +336,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                       f"http://127.0.0.1:{rank0_port}", time.time())
 
         wait_until(lambda: http_get(stack.rank0 + "/health", timeout=2)[0] == 200, timeout=180,
-                   interval=0.5, what=f"rank 0 healthy (log: {training.log_path})")
+                   interval=0.5, what=f"rank 0 healthy (log: {tmp / 'demo' / 'train.log'})")
         stack.timeline["training"] = time.time()
         time.sleep(TRAIN_BEFORE_STALL)
-        follow_the_stall(stack, training)
+        follow_the_stall(stack, demo)
         time.sleep(AFTER_WEBHOOK)
         # The faults built in page too (critical, `for: 1m` after the first scrape); the
         # chat dashboard's firing-alerts panel needs its alert.
