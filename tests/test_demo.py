@@ -110,7 +110,9 @@ def test_real_colossalai_run_finishes_with_checkpoints(tmp_path: Path,
     require(importlib.util.find_spec("colossalai") is not None
             and importlib.util.find_spec("torch") is not None,
             "colossalai 0.5.0 and torch (scripts/install-dev.sh)")
-    demo = Demo(tmp_path, "--steps", "30", "--step-seconds", "0.01", "--checkpoint-every", "10",
+    # 30 steps of at least 0.1 s keep the run in phase training for >= 3 s, several of the
+    # demo's 0.5 s health polls; at 0.01 s a fast machine finished between two polls.
+    demo = Demo(tmp_path, "--steps", "30", "--step-seconds", "0.1", "--checkpoint-every", "10",
                 "--interval", "0.5")
     demos.append(demo)
     assert demo.proc.wait(180) == 0, demo.output()
