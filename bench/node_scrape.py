@@ -26,6 +26,8 @@ import urllib.request
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
+                     "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1")
 
 
 def free_port() -> int:
@@ -57,6 +59,21 @@ def peak_rss_bytes(pid: int) -> int:
     return 0
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """User + system CPU of a process and its live children (the agent's NVML worker)."""
+    import psutil
+
+    root = psutil.Process(pid)
+    total = 0.0
+    for proc in (root, *root.children(recursive=True)):
+        try:
+            times = proc.cpu_times()
+        except psutil.NoSuchProcess:
+            continue
+        total += times.user + times.system
+    return total
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -65,6 +82,9 @@ def percentile(values: list[float], q: float) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scrapes", type=int, default=300)
+    parser.add_argument("--accept", default=PROMETHEUS_ACCEPT,
+                        help="Accept header of every scrape (default: what Prometheus 2.42 "
+                             "sends; each exporter answers in the best format it has)")
     parser.add_argument("agent_args", nargs="*", help="extra flags for the agent")
     args = parser.parse_args()
     extra = args.agent_args
@@ -88,20 +108,27 @@ def main() -> int:
     timings: dict[str, list[float]] = {"colossalai-exporter node": [], "node_exporter": []}
     urls = {"colossalai-exporter node": f"http://127.0.0.1:{ours_port}/metrics",
             "node_exporter": f"http://127.0.0.1:{theirs_port}/metrics"}
-    sizes = {}
+    sizes, formats = {}, {}
     # One keep-alive connection per exporter, as Prometheus scrapes.
     conns = {name: http.client.HTTPConnection("127.0.0.1", port, timeout=10)
              for name, port in (("colossalai-exporter node", ours_port),
                                 ("node_exporter", theirs_port))}
+    pids = {"colossalai-exporter node": ours.pid, "node_exporter": theirs.pid}
+    cpu_before = {name: tree_cpu_seconds(pid) for name, pid in pids.items()}
     try:
         for _ in range(args.scrapes):
             for name in urls:  # alternate, so drift hits both
                 start = time.perf_counter()
-                conns[name].request("GET", "/metrics")
-                body = conns[name].getresponse().read()
+                conns[name].request("GET", "/metrics", headers={"Accept": args.accept})
+                response = conns[name].getresponse()
+                body = response.read()
                 timings[name].append(time.perf_counter() - start)
+                formats[name] = response.getheader("Content-Type", "")
                 sizes[name] = sum(1 for line in body.decode().splitlines()
                                   if line and not line.startswith("#"))
+        # Server CPU per scrape: unlike latency, another job on the machine barely moves it.
+        cpu = {name: (tree_cpu_seconds(pid) - cpu_before[name]) / args.scrapes
+               for name, pid in pids.items()}
         rss = {"colossalai-exporter node": peak_rss_bytes(ours.pid),
                "node_exporter": peak_rss_bytes(theirs.pid)}
     finally:
@@ -113,15 +140,17 @@ def main() -> int:
     first = {"colossalai-exporter node": ours_first, "node_exporter": theirs_first}
     print(f"{args.scrapes} scrapes each, alternating, keep-alive, loopback, "
           f"{os.cpu_count()} cores\n")
-    print("| exporter | median scrape | p99 scrape | peak RSS | first scrape after start "
-          "| series |")
-    print("|---|---|---|---|---|---|")
+    print("| exporter | median scrape | p99 scrape | server CPU per scrape | peak RSS "
+          "| first scrape after start | series |")
+    print("|---|---|---|---|---|---|---|")
     for name, values in timings.items():
         print(f"| {name} | {statistics.median(values) * 1e3:.2f} ms "
-              f"| {percentile(values, 0.99) * 1e3:.2f} ms | {rss[name] / 2**20:.1f} MiB "
-              f"| {first[name]:.3f} s | {sizes[name]} |")
+              f"| {percentile(values, 0.99) * 1e3:.2f} ms | {cpu[name] * 1e3:.2f} ms "
+              f"| {rss[name] / 2**20:.1f} MiB | {first[name]:.3f} s | {sizes[name]} |")
     ours_med = statistics.median(timings["colossalai-exporter node"])
     theirs_med = statistics.median(timings["node_exporter"])
+    for name, content_type in formats.items():
+        print(f"{name} answered {content_type}")
     print(f"\nmedian ratio (ours/node_exporter): {ours_med / theirs_med:.2f}; "
           f"RSS ratio: {rss['colossalai-exporter node'] / rss['node_exporter']:.2f}")
     return 0

@@ -86,6 +86,7 @@ JOB = textwrap.dedent("""
             monitor._publish_interval = 1.0 if on else 1e9
             monitor._wake.set()
             times = []
+            cpu0 = time.process_time()  # every thread of this rank: training, publisher, server
             for i in range(warmup):
                 t0 = perf()
                 if on:
@@ -95,7 +96,7 @@ JOB = textwrap.dedent("""
                     work()
                 times.append(perf() - t0)
             if b >= 0:
-                blocks.append({"on": on, "durations": times})
+                blocks.append({"on": on, "durations": times, "cpu": time.process_time() - cpu0})
         monitor.finish()
         monitor.close()
         if int(os.environ["RANK"]) == 0:
@@ -166,7 +167,7 @@ def run_job(mode: str, steps: int, warmup: int, workdir: Path) -> tuple[list[flo
         (workdir / "run").mkdir(exist_ok=True)
         scraper = threading.Thread(target=scrape_while_on,
                                    args=(url, workdir / "run" / "FLAG", stop, scrapes))
-    if mode != "bare":
+    if mode != "bare" and os.environ.get("BENCH_NO_SCRAPE") != "1":
         scraper.start()
     try:
         subprocess.run([torchrun, "--nproc_per_node", "2", "--master_addr", "127.0.0.1",
@@ -190,8 +191,10 @@ def interleaved(blocks: int, block_steps: int) -> int:
     on = [statistics.median(b["durations"]) for b in runs if b["on"]]
     off = [statistics.median(b["durations"]) for b in runs if not b["on"]]
     # ABBA: pair each on block with its neighbouring off block (0-1, 3-2, 4-5, 7-6, ...).
+    neighbours = [(i, j) for q in range(0, len(runs) - 3, 4) for i, j in ((q, q + 1),
+                                                                          (q + 3, q + 2))]
     pairs = [statistics.median(runs[i]["durations"]) / statistics.median(runs[j]["durations"])
-             for q in range(0, len(runs) - 3, 4) for i, j in ((q, q + 1), (q + 3, q + 2))]
+             for i, j in neighbours]
     print(f"python {platform.python_version()}, {os.cpu_count()} CPUs, one job, {blocks} blocks"
           f" × {block_steps} steps (ABBA), rank 0 scraped {scraped} times in the on blocks")
     print(f"median of on-block medians  {statistics.median(on) * 1e3:.3f} ms ({len(on)} blocks)")
@@ -202,6 +205,18 @@ def interleaved(blocks: int, block_steps: int) -> int:
     print(f"ratio on / off: {ratio:.4f} (goal ≤ 1.01); paired on/off ratios: median "
           f"{statistics.median(pairs):.4f}, quartiles {quartiles[0]:.4f}–{quartiles[2]:.4f}, "
           f"range {pairs[0]:.4f}–{pairs[-1]:.4f} ({len(pairs)} pairs)")
+    # A block's median hides the steps a scrape or a publish lands on; its mean (the
+    # block's wall time) and rank 0's CPU time (all its threads) do not.
+    mean_pairs = sorted(statistics.fmean(runs[i]["durations"])
+                        / statistics.fmean(runs[j]["durations"]) for i, j in neighbours)
+    mean_q = statistics.quantiles(mean_pairs, n=4)
+    print(f"paired on/off ratios of block means: median {statistics.median(mean_pairs):.4f}, "
+          f"quartiles {mean_q[0]:.4f}–{mean_q[2]:.4f}")
+    cpu_on = statistics.median(b["cpu"] / len(b["durations"]) for b in runs if b["on"])
+    cpu_off = statistics.median(b["cpu"] / len(b["durations"]) for b in runs if not b["on"])
+    print(f"rank 0 CPU time per step (all threads): on {cpu_on * 1e3:.3f} ms, "
+          f"off {cpu_off * 1e3:.3f} ms, extra {(cpu_on - cpu_off) * 1e3:+.3f} ms "
+          f"({(cpu_on - cpu_off) / statistics.median(off) * 100:+.2f} % of an off step)")
     return 0
 
 

@@ -23,13 +23,13 @@ from typing import Any
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import Metric
-from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Match
 
 from colossalai_exporter import catalogue
+from colossalai_exporter.web.exposition import encode
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -204,8 +204,8 @@ def instrument(app: FastAPI, ready: Callable[[], bool] | None = None, *,
         return JSONResponse(body, status_code=200 if ok else 503)
 
     async def serve_metrics(request: Request) -> Response:
-        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        return Response(encoder(metrics.registry), media_type=content_type)
+        body, content_type = encode(metrics.registry, request.headers.get("accept", ""))
+        return Response(body, media_type=content_type)
 
     if health_path is not None:
         app.add_api_route(health_path, health, methods=["GET"], include_in_schema=False)

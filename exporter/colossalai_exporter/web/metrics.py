@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.registry import Collector
 
 from colossalai_exporter.web.app import Request, Response
+from colossalai_exporter.web.exposition import encode
 
 
-def metrics_response(registry: CollectorRegistry, request: Request) -> Response:
-    encoder, content_type = choose_encoder(request.header("accept") or "")
-    return Response(200, encoder(registry), content_type=content_type)
+def metrics_response(registry: Collector, request: Request) -> Response:
+    body, content_type = encode(registry, request.header("accept") or "")
+    return Response(200, body, content_type=content_type)
