@@ -180,3 +180,31 @@ def test_keep_alive_responses_are_not_held_back_by_nagle(
         assert time.monotonic() - start < 0.4
     finally:
         conn.close()
+
+
+def test_exporter_toolkit_cipher_keys_are_accepted_but_said_to_be_ignored(
+        pki: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """One web config can serve Go exporters and ours; a no-op cipher list is not silent."""
+    path = tmp_path / "web.yml"
+    path.write_text(f"tls_server_config:\n  cert_file: {pki}/server.crt\n"
+                    f"  key_file: {pki}/server.key\n"
+                    "  cipher_suites: [TLS_ECDHE_RSA_WITH_AES_256_GCM_SHA384]\n"
+                    "  curve_preferences: [X25519]\n")
+    with caplog.at_level("WARNING", logger="colossalai_exporter.web.config"):
+        config = load_web_config(path)
+    assert config.tls is not None
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 2, warned
+    assert "cipher_suites is accepted for compatibility" in warned[0]
+    assert "curve_preferences" in warned[1]
+
+
+def test_unknown_users_cost_a_bcrypt_check_at_the_configured_cost() -> None:
+    """An unknown user name must not answer faster than a known one with a wrong password."""
+    hashed = bcrypt.hashpw(b"secret", bcrypt.gensalt(rounds=11))
+    auth = BasicAuthenticator({"prometheus": hashed})
+    assert auth._dummy_hash.startswith(b"$2b$11$")
+    header = "Basic " + b64encode(b"nobody:secret").decode()
+    assert auth.check(header) is False
+    assert auth.check("Basic " + b64encode(b"prometheus:secret").decode()) is True
+    assert BasicAuthenticator({})._dummy_hash == b""  # no users: nothing hashed at start-up

@@ -22,6 +22,7 @@ problem is a :class:`ConfigError` naming the file and the key.
 
 from __future__ import annotations
 
+import logging
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,8 @@ from typing import Any
 import yaml
 
 from colossalai_exporter.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,
@@ -46,6 +49,8 @@ CLIENT_AUTH_TYPES = {
     "RequireAndVerifyClientCert": (ssl.CERT_REQUIRED, True),
 }
 _BCRYPT_PREFIXES = ("$2a$", "$2b$", "$2y$")
+# exporter-toolkit keys that Python's ssl module cannot honour as Go does.
+IGNORED_TLS_KEYS = frozenset({"cipher_suites", "prefer_server_cipher_suites", "curve_preferences"})
 
 
 @dataclass(frozen=True)
@@ -80,7 +85,7 @@ class TLSConfig:
                 ) from None
         elif verify_mode != ssl.CERT_NONE:
             # Python cannot accept an unverified client certificate; RequireAnyClientCert
-            # and RequestClientCert need a CA here (documented in docs/web-config.md).
+            # and RequestClientCert need a CA here (docs/web-config.md says so).
             raise ConfigError(
                 f"tls_server_config: client_auth_type {self.client_auth_type} needs "
                 "client_ca_file in this implementation"
@@ -118,8 +123,12 @@ def _tls(section: dict[str, Any], base: Path, where: str) -> TLSConfig | None:
     if not section:
         return None
     _check_keys(section, {"cert_file", "key_file", "client_auth_type", "client_ca_file",
-                          "min_version", "max_version", "cipher_suites",
-                          "prefer_server_cipher_suites", "curve_preferences"}, where)
+                          "min_version", "max_version", *IGNORED_TLS_KEYS}, where)
+    for key in sorted(IGNORED_TLS_KEYS & set(section)):
+        # Accepted so that one web config serves Go exporters and ours alike; said once
+        # at start-up because a cipher restriction that silently does nothing is a trap.
+        log.warning(f"{where}.{key} is accepted for compatibility with exporter-toolkit and "
+                    "ignored: Python's OpenSSL defaults apply (docs/web-config.md)")
     for key in ("cert_file", "key_file"):
         if not isinstance(section.get(key), str) or not section[key]:
             raise ConfigError(f"{where}.{key} is required")
