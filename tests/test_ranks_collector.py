@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -11,12 +12,13 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric as MetricFamily
 
 from colossalai_exporter.node.ranks import RanksCollector
-from conftest import cli_env, wait_until
+from conftest import cli_env, require, require_binary, wait_until
 
 # A rank: a plain Python loop with the monitor (the snapshots are the same as under
 # torchrun; the ColossalAI job in test_training_colossalai.py shows that).
@@ -123,3 +125,67 @@ def test_old_snapshots_of_dead_processes_are_forgotten(tmp_path: Path) -> None:
     assert [s.value for s in up[0].samples] == [0.0]  # dead pid: down
     up = [f for f in later.collect(time.monotonic() + 5) if f.name == "colossalai_rank_up"]
     assert up[0].samples == []
+
+
+def samples_of(families: list[MetricFamily], name: str) -> dict[str, float]:
+    """Sample ``name``'s value by rank."""
+    return {s.labels["rank"]: s.value for f in families for s in f.samples if s.name == name}
+
+
+def test_a_snapshot_from_another_pid_namespace_is_judged_by_its_age(tmp_path: Path) -> None:
+    """Its pid means nothing here (a pod without hostPID): never judged dead by it."""
+    from colossalai_exporter import TrainingMonitor
+
+    monitor = TrainingMonitor(serve="none", run_dir=tmp_path, rank=3, start=False)
+    monitor.close()
+    snap_file = tmp_path / "rank-3.json"
+    text = snap_file.read_text()
+    assert f'"pid":{os.getpid()}' in text and '"pid_ns":' in text
+    # pid 1 of the pod's namespace, and a namespace that is not ours.
+    text = text.replace(f'"pid":{os.getpid()}', '"pid":1')
+    text = text.replace('"pid_ns":', '"pid_ns":1').replace('"pid_ns":1null', '"pid_ns":1')
+    snap_file.write_text(text)
+    now = time.time()
+    fresh = RanksCollector(tmp_path, stale_after=30, clock=lambda: now).collect(
+        time.monotonic() + 5)
+    assert samples_of(fresh, "colossalai_rank_up") == {"3": 1.0}
+    assert samples_of(fresh, "colossalai_rank_process_stopped") == {}  # unknowable here
+    stale = RanksCollector(tmp_path, stale_after=30, clock=lambda: now + 31).collect(
+        time.monotonic() + 5)
+    assert samples_of(stale, "colossalai_rank_up") == {"3": 0.0}
+
+
+def test_a_real_rank_in_its_own_pid_namespace(tmp_path: Path) -> None:
+    """A rank under ``unshare --pid`` (as in a pod without hostPID): up while it publishes,
+    down once its snapshot is stale after a SIGKILL, never judged by its foreign pid."""
+    unshare = require_binary("unshare")
+    probe = subprocess.run([unshare, "--pid", "--fork", "--mount-proc", "true"],
+                           capture_output=True, text=True, timeout=10, check=False)
+    require(probe.returncode == 0, f"unshare --pid (root, CAP_SYS_ADMIN): {probe.stderr.strip()}")
+    proc = subprocess.Popen(
+        [unshare, "--pid", "--fork", "--mount-proc", "--kill-child", sys.executable, "-c",
+         RANK_SCRIPT, str(tmp_path)],
+        env=cli_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1"),
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        collector = RanksCollector(tmp_path, stale_after=1.5)
+
+        def up() -> float | None:
+            return samples_of(collector.collect(time.monotonic() + 5),
+                              "colossalai_rank_up").get("0")
+
+        wait_until(lambda: up() == 1.0, timeout=30, what="the namespaced rank to be up")
+        snap = json.loads((tmp_path / "rank-0.json").read_text())
+        assert snap["pid"] != proc.pid and snap["pid"] <= 3, snap["pid"]  # its own pid space
+        families = wait_until(
+            lambda: (f := collector.collect(time.monotonic() + 5))
+            and samples_of(f, "colossalai_training_steps_total").get("0", 0) > 0 and f,
+            timeout=15, what="the rank's steps, re-served by the agent")
+        assert samples_of(families, "colossalai_rank_process_stopped") == {}
+        rank = psutil.Process(proc.pid).children(recursive=True)[-1]  # the Python rank
+        rank.kill()
+        rank.wait(10)
+        wait_until(lambda: up() == 0.0, timeout=15, what="the killed rank to go down")
+    finally:
+        proc.kill()
+        proc.wait(10)

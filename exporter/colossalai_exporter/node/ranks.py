@@ -16,6 +16,14 @@ them and, for each rank, serves:
 
 Snapshots of dead processes older than ``forget_after`` are ignored (an old
 run's leftovers). Never imports torch.
+
+A rank in another PID namespace than the agent's (a training pod without
+``hostPID``, the agent in a container without it) writes pids that mean
+nothing here, and judging them would report every rank dead. The snapshot
+carries the rank's namespace; when it differs from the agent's, the rank is
+judged by its snapshot's age alone: a killed or frozen rank still drops to 0,
+once ``stale_after`` has passed, and ``colossalai_rank_process_stopped`` is
+left out for it, since the agent cannot know.
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ from colossalai_exporter.training.families import families
 from colossalai_exporter.training.snapshot import (
     default_run_dir,
     iter_snapshot_files,
+    pid_namespace,
     read_all_snapshots,
     read_snapshot,
 )
@@ -72,6 +81,7 @@ class RanksCollector:
         self.forget_after = forget_after
         self._clock = clock
         self._errors = 0  # snapshot files that could not be read, since start
+        self._pid_ns = pid_namespace()
 
     def collect(self, deadline: float) -> list[MetricFamily]:
         if not self.run_dir.is_dir():
@@ -95,17 +105,27 @@ class RanksCollector:
                 if not isinstance(exc, FileNotFoundError):  # replaced or removed meanwhile
                     self._errors += 1
                 continue
-            alive, is_stopped = process_state(int(snap.get("pid", -1)), snap.get("pid_start"))
             snap_age = max(0.0, now - float(snap["written"]))
+            pids_mean_something = not self._other_namespace(snap.get("pid_ns"))
+            if pids_mean_something:
+                alive, is_stopped = process_state(int(snap.get("pid", -1)),
+                                                  snap.get("pid_start"))
+            else:
+                alive, is_stopped = snap_age <= self.stale_after, False
             if not alive and snap_age > self.forget_after:
                 continue
             label = [str(rank)]
             fresh = alive and snap_age <= self.stale_after
             up.add_metric(label, 1.0 if fresh else 0.0)
             age.add_metric(label, snap_age)
-            stopped.add_metric(label, 1.0 if is_stopped else 0.0)
+            if pids_mean_something:
+                stopped.add_metric(label, 1.0 if is_stopped else 0.0)
             self._merge(training, families(snap, now=now))
         return [up, age, stopped, self._errors_family(), *training.values()]
+
+    def _other_namespace(self, rank_ns: Any) -> bool:
+        # Unknown on either side (an older snapshot, no /proc): trust the pid, as before.
+        return isinstance(rank_ns, int) and self._pid_ns is not None and rank_ns != self._pid_ns
 
     def _errors_family(self) -> MetricFamily:
         errors = catalogue.family("colossalai_rank_snapshot_errors_total")

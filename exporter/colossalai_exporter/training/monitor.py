@@ -218,7 +218,7 @@ class TrainingMonitor:
         self.world_size = d_world if world_size is None else world_size
         pid = os.getpid()
         self._state = RankState(self.rank, self.local_rank, self.world_size, pid,
-                                _process_start(pid))
+                                _process_start(pid), pid_ns=snapfiles.pid_namespace())
         budgets = budgets or Budgets()
         overrides = {k: v for k, v in (("step", step_timeout), ("startup", startup_timeout),
                                        ("checkpoint", checkpoint_timeout)) if v is not None}

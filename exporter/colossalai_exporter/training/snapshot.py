@@ -26,6 +26,19 @@ def default_run_dir() -> Path:
     return Path(os.environ.get(RUN_DIR_ENV) or DEFAULT_RUN_DIR)
 
 
+def pid_namespace() -> int | None:
+    """This process's PID namespace (the inode of /proc/self/ns/pid), None where unknown.
+
+    A rank writes it into its snapshot so that the node agent can tell whether
+    the pid beside it means anything where the agent runs: a training pod
+    without ``hostPID`` has pids of its own, which the agent must not judge.
+    """
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
+
+
 def snapshot_path(run_dir: Path, rank: int) -> Path:
     return run_dir / f"rank-{rank}.json"
 

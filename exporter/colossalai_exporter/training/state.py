@@ -79,17 +79,19 @@ class RankState:
                  "created", "d2h_bytes", "duration_sum", "error", "gemini_chunk_memory",
                  "h2d_bytes", "heartbeats", "hist", "info", "kernels_ready",
                  "last_step", "local_rank", "loss", "monitor_errors", "oom", "phase",
-                 "phase_start", "pid", "pid_start", "rank", "recent", "samples", "stalls",
+                 "phase_start", "pid", "pid_ns", "pid_start", "rank", "recent", "samples", "stalls",
                  "steps", "tokens", "world_size")
 
     def __init__(self, rank: int, local_rank: int, world_size: int, pid: int,
-                 pid_start: float | None, now: float | None = None) -> None:
+                 pid_start: float | None, now: float | None = None,
+                 pid_ns: int | None = None) -> None:
         now = time.time() if now is None else now
         self.rank = rank
         self.local_rank = local_rank
         self.world_size = world_size
         self.pid = pid
         self.pid_start = pid_start
+        self.pid_ns = pid_ns
         self.created = now
         self.phase = "init"
         self.phase_start = now
@@ -138,7 +140,7 @@ class RankState:
         snap: dict[str, Any] = {
             "version": SNAPSHOT_VERSION,
             "rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size,
-            "pid": self.pid, "pid_start": self.pid_start,
+            "pid": self.pid, "pid_start": self.pid_start, "pid_ns": self.pid_ns,
             "created": self.created, "written": now,
             "phase": phase, "phase_start": phase_start, "error": self.error,
             "kernels_ready": self.kernels_ready,
