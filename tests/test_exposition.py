@@ -97,6 +97,9 @@ def edge_case_families() -> list[Metric]:
     Gauge("demo_minus_inf", "Minus infinity.", registry=registry).set(-math.inf)
     Gauge("demo_big", "Big.", registry=registry).set(123456789012.5)
     Gauge("demo_small", "Small.", registry=registry).set(1.5e-9)
+    edges = Gauge("demo_edges", "Around the 1e6 switch to exponents.", ["v"], registry=registry)
+    for value in (999999.5, 1e6, 1234567.0, -1234567.0, 1e-7, 0.0, -0.0, 12, 2**53, 1e300):
+        edges.labels(repr(value)).set(value)
     Info("demo_build", "Build.", registry=registry).info({"version": "1.2.3", "commit": "a\"b"})
     Enum("demo_phase", "Phase.", states=["init", "training", "finished"],
          registry=registry).state("training")

@@ -3,10 +3,10 @@
 Why our own: prometheus_client's encoders re-validate and re-escape every
 metric and label name of every sample on every scrape, because they accept
 any name (UTF-8 names, several escaping schemes). Ours are catalogued legacy
-names, and for them that work is most of the cost of a scrape: 0.9 ms of text
-and 1.7 ms of OpenMetrics (what Prometheus asks for) for a rank's 68 series,
-measured on the 2-core CI machine; these encoders take about a quarter of
-that (bench/RESULTS.md). The output is byte for byte the library's
+names, and for them that work is most of the cost of encoding: for a rank's
+70 samples, 0.9 ms of text and 1.8 ms of OpenMetrics (what Prometheus asks
+for) on the 2-core CI machine, against 0.4 and 0.3 ms here (bench/exposition.py,
+bench/RESULTS.md). The output is byte for byte the library's
 (tests/test_exposition.py compares them on every server's registry and on
 edge cases), and anything these encoders do not handle — a name outside the
 legacy character set, an exemplar, a native histogram, an escaping scheme
@@ -33,13 +33,23 @@ _LEGACY_LABEL_NAME = re.compile(r"[a-zA-Z_][a-zA-Z0-9_]*\Z")
 _NEUTRAL_ESCAPINGS = (openmetrics.UNDERSCORES, openmetrics.ALLOWUTF8)
 # Samples the text format moves out of their family into a gauge of their own.
 _OM_ONLY_SUFFIXES = ("_created", "_gsum", "_gcount")
+_INF = float("inf")
+_LABEL_TEXT: dict[tuple[tuple[str, str], ...], str] = {}
+_LABEL_TEXT_MAX = 20_000
 _TEXT_TYPES = {"info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram",
                "unknown": "untyped"}
 
 
 def _go_float(value: float) -> str:
-    """Go's float formatting (``+Inf``, ``1e+21``), the library's own, so values match."""
-    return str(_untyped_go_float(value))  # type: ignore[no-untyped-call]
+    """A sample value as the library writes it (``+Inf``, ``NaN``, ``1.234567e+06``).
+
+    Every finite value below 1e6 it writes as ``repr``; the rest (exponents for
+    large values, the infinities, NaN) it decides itself.
+    """
+    number = float(value)
+    if -_INF < number < 1e6:
+        return repr(number)
+    return str(_untyped_go_float(number))  # type: ignore[no-untyped-call]
 
 
 class _Unsupported(Exception):
@@ -67,8 +77,16 @@ def _label_value(value: str) -> str:
 def _labels(labels: dict[str, str]) -> str:
     if not labels:
         return ""
-    return "{" + ",".join(f'{_label_name(k)}="{_label_value(v)}"'
-                          for k, v in sorted(labels.items())) + "}"
+    # Label sets repeat from scrape to scrape (they are the series), so each is
+    # escaped and joined once; the cache is bounded like the series themselves.
+    key = tuple(sorted(labels.items()))
+    text = _LABEL_TEXT.get(key)
+    if text is None:
+        if len(_LABEL_TEXT) >= _LABEL_TEXT_MAX:
+            _LABEL_TEXT.clear()
+        text = "{" + ",".join(f'{_label_name(k)}="{_label_value(v)}"' for k, v in key) + "}"
+        _LABEL_TEXT[key] = text
+    return text
 
 
 def _check_plain(sample: object) -> None:
