@@ -306,9 +306,10 @@ def test_series_budget_with_8_fake_gpus_and_2_disks(server_process, tmp_path: Pa
 def test_agent_code_path_never_imports_torch(tmp_path: Path) -> None:
     """Start the agent's whole code path in a fresh interpreter: torch stays out.
 
-    So do the training monitor and its HTTP client (requests): the agent reads
-    snapshots with the training package's small modules only, which keeps its
-    start-up (goal: first scrape within 0.5 s) short.
+    So do the training monitor and its HTTP client (requests), and PyYAML when
+    no config file is given: the agent reads snapshots with the training
+    package's small modules only, which keeps its start-up (goal: first scrape
+    within 0.5 s) short.
     """
     code = f"""
 import sys, time
@@ -319,7 +320,7 @@ parser = ArgumentParser(); add_common_flags(parser, 9466); node_config.add_node_
 cfg = node_config.load_config(parser.parse_args(["--disk", "c={tmp_path}"]))
 agent = Agent(cli.build_collectors(cfg)); build_app(agent); list(agent.collect()); agent.close()
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "colossalai", "numpy",
-                                                             "requests")
+                                                             "requests", "yaml")
                or m == "colossalai_exporter.training.monitor")
 print(heavy)
 """

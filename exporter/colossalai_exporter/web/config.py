@@ -28,8 +28,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from colossalai_exporter.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -192,6 +190,8 @@ def load_web_config(path: str | Path | None) -> WebConfig:
         text = source.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"cannot read web config {source}: {exc.strerror}") from None
+    import yaml  # only with a config file: a tenth of the agent's start-up otherwise
+
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
