@@ -16,13 +16,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    HistogramMetricFamily,
-    InfoMetricFamily,
-)
-
 MetricType = Literal["counter", "gauge", "histogram", "info"]
 Component = Literal["node", "training", "ranks", "probe", "chat", "bridge", "process"]
 
@@ -420,6 +413,16 @@ def family(name: str, extra_labels: Iterable[str] = ()) -> Any:
     Typed ``Any`` on purpose: the four family classes' ``add_metric`` differ
     (an info takes a dict), and callers know which type they asked for.
     """
+    # Imported here, not at the top: the node agent reads its configuration (which
+    # names catalogued metrics) and starts its NVML worker before it loads
+    # prometheus_client and the HTTP stack, so that the worker boots meanwhile.
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        InfoMetricFamily,
+    )
+
     metric = get(name)
     labels = [*extra_labels, *metric.labels]
     if metric.type == "counter":

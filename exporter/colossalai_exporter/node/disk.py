@@ -15,10 +15,12 @@ import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-
-from prometheus_client.core import Metric as MetricFamily
+from typing import TYPE_CHECKING
 
 from colossalai_exporter.catalogue import family
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric as MetricFamily
 
 REASONS = ("missing", "not_directory", "not_writable", "not_mounted", "permission",
            "timeout", "error")

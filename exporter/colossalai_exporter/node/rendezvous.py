@@ -13,10 +13,12 @@ import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-
-from prometheus_client.core import Metric as MetricFamily
+from typing import TYPE_CHECKING
 
 from colossalai_exporter.catalogue import family
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric as MetricFamily
 
 REASONS = ("refused", "timeout", "dns", "unreachable", "error")
 

@@ -76,7 +76,9 @@ class GpuCollector:
 
     def __init__(self, timeout: float = 5.0, expected: int | None = None,
                  fake_scenario: str | None = None, init_timeout: float = 30.0,
-                 max_stuck_workers: int = 3) -> None:
+                 max_stuck_workers: int = 3, worker: Worker | None = None) -> None:
+        """``worker``: one already started (the agent starts it before it imports the
+        rest, to boot meanwhile); by default the collector starts its own."""
         if not timeout > 0:
             raise ValueError(f"gpu timeout must be positive, got {timeout!r}")
         if expected is not None and expected < 0:
@@ -94,7 +96,10 @@ class GpuCollector:
         # Xid history lives here, not in the worker: it survives worker restarts.
         self._xid_counts: dict[int, int] = {}
         self._last_xid: dict[int, XidEvent] = {}
-        self._start_worker()
+        if worker is not None:
+            self._worker = worker
+        else:
+            self._start_worker()
 
     # -- NodeCollector -------------------------------------------------------
     def collect(self, deadline: float) -> list[MetricFamily]:
