@@ -2,11 +2,17 @@
 
 Run from the repository root (after `bash scripts/install-dev.sh`):
 
+    .venv/bin/python bench/training_colossalai.py --interleaved --blocks 200 --block-steps 100
     .venv/bin/python bench/training_colossalai.py [--rounds 3] [--steps 400]
 
-Each round launches the same job twice under torchrun (2 ranks, gloo,
-TorchDDPPlugin, one thread per rank), once bare and once monitored, in
-alternating order so that drift of the machine hits both alike. The monitored
+``--interleaved`` (the one bench/RESULTS.md reports) runs one job whose blocks
+of steps alternate between monitor on and off in ABBA order and compares each
+on block with its neighbouring off block, so that the machine's drift cancels;
+``BENCH_NO_SCRAPE=1`` leaves the scraper out, as a control of the method's
+resolution. Without it, each round launches the same job twice under torchrun
+(2 ranks, gloo, TorchDDPPlugin, one thread per rank), once bare and once
+monitored, in alternating order so that drift of the machine hits both alike
+(too little, on a 2-core machine: RESULTS.md). The monitored
 job runs everything the monitor runs in production: the with-block around
 every step with the loss as a tensor, the publisher thread (snapshots every
 second), rank 0's HTTP server, and a scraper in this process fetching rank 0's
