@@ -328,3 +328,42 @@ print(heavy)
                             env=cli_env(), timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
+
+
+def _host_values(collector: object) -> dict[str, float]:
+    from colossalai_exporter.node.host import HostCollector
+
+    assert isinstance(collector, HostCollector)
+    return {f.name: f.samples[0].value for f in collector.collect(0.0)}
+
+
+def test_host_memory_from_proc_meminfo_agrees_with_psutil(tmp_path: Path) -> None:
+    import psutil
+
+    from colossalai_exporter.node.host import HostCollector
+
+    ours = _host_values(HostCollector())
+    memory, swap = psutil.virtual_memory(), psutil.swap_memory()
+    assert ours["colossalai_host_memory_total_bytes"] == memory.total
+    assert ours["colossalai_host_swap_total_bytes"] == swap.total
+    # Available memory and swap use move between the two reads; a few MiB at most.
+    assert abs(ours["colossalai_host_memory_available_bytes"] - memory.available) < 64 * 2**20
+    assert abs(ours["colossalai_host_swap_used_bytes"] - swap.used) < 64 * 2**20
+
+    # A kernel whose meminfo lacks MemAvailable (before 3.14): psutil computes it instead.
+    old = tmp_path / "meminfo"
+    old.write_text("MemTotal:       16384 kB\nMemFree:         1024 kB\n"
+                   "SwapTotal:          0 kB\nSwapFree:           0 kB\n")
+    fallback = _host_values(HostCollector(meminfo=str(old)))
+    assert fallback["colossalai_host_memory_total_bytes"] == memory.total
+    # A file of our own with every field: exact kB-to-bytes arithmetic.
+    full = tmp_path / "meminfo-full"
+    full.write_text("MemTotal:       16384 kB\nMemFree:         1024 kB\n"
+                    "MemAvailable:    8192 kB\nSwapTotal:       4096 kB\n"
+                    "SwapFree:        1024 kB\n")
+    assert _host_values(HostCollector(meminfo=str(full))) == {
+        "colossalai_host_memory_total_bytes": 16384 * 1024.0,
+        "colossalai_host_memory_available_bytes": 8192 * 1024.0,
+        "colossalai_host_swap_total_bytes": 4096 * 1024.0,
+        "colossalai_host_swap_used_bytes": 3072 * 1024.0,
+    }

@@ -1,39 +1,81 @@
-"""Host memory and swap: what Gemini's CPU offload and the kernel's OOM killer care about."""
+"""Host memory and swap: what Gemini's CPU offload and the kernel's OOM killer care about.
+
+On Linux the values come from one read of ``/proc/meminfo`` (proc(5)): a file
+the kernel generates, which cannot hang like a mount. psutil reads the same
+file, and ``/proc/vmstat`` too, for two calls' worth of fields of which four
+are served here; it was the agent's most expensive collector per scrape
+(bench/RESULTS.md). psutil remains the fallback where the file or one of the
+fields is missing (another OS, a kernel older than 3.14 without MemAvailable).
+"""
 
 from __future__ import annotations
 
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import psutil
-from prometheus_client.core import Metric as MetricFamily
 
 from colossalai_exporter.catalogue import family
 from colossalai_exporter.node.base import CollectorError
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric as MetricFamily
+
+MEMINFO = "/proc/meminfo"
+_FIELDS = ("MemTotal", "MemAvailable", "SwapTotal", "SwapFree")
 
 
 def _gauge(name: str, value: float) -> MetricFamily:
     fam = family(name)
     fam.add_metric([], value)
-    return cast(MetricFamily, fam)
+    return cast("MetricFamily", fam)
+
+
+def read_meminfo(path: str = MEMINFO) -> dict[str, float] | None:
+    """The fields this collector serves, in bytes; None when any is missing."""
+    try:
+        with open(path, "rb") as f:
+            text = f.read()
+    except OSError:
+        return None
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        key, _, rest = line.partition(b":")
+        name = key.decode("ascii", "replace")
+        if name in _FIELDS:
+            parts = rest.split()
+            if not parts or not parts[0].isdigit():
+                return None
+            # The kernel writes every size in kB (KiB), whatever the unit column says.
+            values[name] = float(int(parts[0]) * 1024)
+    return values if len(values) == len(_FIELDS) else None
 
 
 class HostCollector:
-    """Reads /proc/meminfo through psutil (a file read: it cannot hang like a mount)."""
+    """Total and available memory, total and used swap."""
 
     name = "host"
     reasons: tuple[str, ...] = ("error",)
 
+    def __init__(self, meminfo: str = MEMINFO) -> None:
+        self.meminfo = meminfo
+
     def collect(self, deadline: float) -> list[MetricFamily]:
-        try:
-            memory = psutil.virtual_memory()
-            swap = psutil.swap_memory()
-        except (OSError, RuntimeError) as exc:
-            raise CollectorError("error", f"cannot read host memory: {exc}") from None
+        values = read_meminfo(self.meminfo)
+        if values is not None:
+            total, available = values["MemTotal"], values["MemAvailable"]
+            swap_total, swap_used = values["SwapTotal"], values["SwapTotal"] - values["SwapFree"]
+        else:
+            try:
+                memory, swap = psutil.virtual_memory(), psutil.swap_memory()
+            except (OSError, RuntimeError) as exc:
+                raise CollectorError("error", f"cannot read host memory: {exc}") from None
+            total, available, swap_total, swap_used = (memory.total, memory.available,
+                                                       swap.total, swap.used)
         return [
-            _gauge("colossalai_host_memory_total_bytes", memory.total),
-            _gauge("colossalai_host_memory_available_bytes", memory.available),
-            _gauge("colossalai_host_swap_total_bytes", swap.total),
-            _gauge("colossalai_host_swap_used_bytes", swap.used),
+            _gauge("colossalai_host_memory_total_bytes", total),
+            _gauge("colossalai_host_memory_available_bytes", available),
+            _gauge("colossalai_host_swap_total_bytes", swap_total),
+            _gauge("colossalai_host_swap_used_bytes", swap_used),
         ]
 
     def close(self) -> None:
