@@ -367,3 +367,41 @@ def test_host_memory_from_proc_meminfo_agrees_with_psutil(tmp_path: Path) -> Non
         "colossalai_host_swap_total_bytes": 4096 * 1024.0,
         "colossalai_host_swap_used_bytes": 3072 * 1024.0,
     }
+
+
+def test_an_endpoint_that_never_answers_is_a_timeout_within_its_budget() -> None:
+    """A listener whose accept queue is full drops new SYNs, as a firewall that drops
+    packets does: the connect hangs. An IP endpoint is checked in the scrape's own
+    thread, bounded by the socket timeout."""
+    import time
+
+    from colossalai_exporter.node.rendezvous import Endpoint, RendezvousCollector
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)  # never accepts
+        port = server.getsockname()[1]
+        fillers = []
+        try:
+            for _ in range(8):  # fill the accept queue until a connect hangs
+                sock = socket.socket()
+                sock.settimeout(0.2)
+                try:
+                    sock.connect(("127.0.0.1", port))
+                except TimeoutError:
+                    sock.close()
+                    break
+                fillers.append(sock)
+            else:
+                pytest.fail("the accept queue never filled")
+            collector = RendezvousCollector([Endpoint("127.0.0.1", port)], timeout=0.5)
+            start = time.monotonic()
+            families = collector.collect(time.monotonic() + 5)
+            elapsed = time.monotonic() - start
+            collector.close()
+        finally:
+            for sock in fillers:
+                sock.close()
+    assert 0.4 < elapsed < 1.5, elapsed
+    failure = next(f for f in families if f.name == "colossalai_nccl_failure")
+    assert [s.labels["reason"] for s in failure.samples] == ["timeout"]

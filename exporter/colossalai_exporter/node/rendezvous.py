@@ -9,6 +9,7 @@ or MASTER_ADDR:MASTER_PORT that every rank must reach to (re)join.
 from __future__ import annotations
 
 import errno
+import ipaddress
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -52,6 +53,14 @@ def _reason(exc: OSError) -> str:
     return "error"
 
 
+def _is_ip_literal(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
 def connect(endpoint: Endpoint, timeout: float) -> ConnectResult:
     """One TCP connect, closed at once; never longer than ``timeout`` (DNS included)."""
     start = time.monotonic()
@@ -78,16 +87,26 @@ class RendezvousCollector:
 
     def collect(self, deadline: float) -> list[MetricFamily]:
         budget = max(0.01, min(self.timeout, deadline - time.monotonic()))
+        if len(self.endpoints) == 1 and _is_ip_literal(self.endpoints[0].host):
+            # No name to resolve, so nothing the socket timeout does not bound: the
+            # usual single MASTER_ADDR endpoint is checked in the scrape's own thread.
+            return self._families([(self.endpoints[0], connect(self.endpoints[0], budget))])
         futures = [(ep, self._pool.submit(connect, ep, budget)) for ep in self.endpoints]
-        up = family("colossalai_nccl_up")
-        duration = family("colossalai_nccl_connect_duration_seconds")
-        failure = family("colossalai_nccl_failure_info")
+        results: list[tuple[Endpoint, ConnectResult]] = []
         for endpoint, future in futures:
             remaining = max(0.0, deadline - time.monotonic())
             try:
                 result = future.result(timeout=min(budget, remaining) + 0.05)
             except TimeoutError:
                 result = ConnectResult(False, budget, "timeout")
+            results.append((endpoint, result))
+        return self._families(results)
+
+    def _families(self, results: list[tuple[Endpoint, ConnectResult]]) -> list[MetricFamily]:
+        up = family("colossalai_nccl_up")
+        duration = family("colossalai_nccl_connect_duration_seconds")
+        failure = family("colossalai_nccl_failure_info")
+        for endpoint, result in results:
             up.add_metric([endpoint.label], 1.0 if result.ok else 0.0)
             duration.add_metric([endpoint.label], result.seconds)
             if not result.ok:
