@@ -9,12 +9,18 @@ status, optionally with ``Retry-After``, e.g. 429 or 503) or hang (answer
 only after a delay) for all requests or for the next N, or go down (stop
 listening: connections are refused, as when the service or the network to
 it is down) and come back on the same address.
+
+With ``tls`` (a server-side ``ssl.SSLContext``) it serves HTTPS, as a
+Vigilmon or webhook receiver behind a private CA, or one requiring client
+certificates, would; handshakes it refuses are counted, with the SNI name
+each client sent.
 """
 
 from __future__ import annotations
 
 import contextlib
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -52,13 +58,20 @@ class FakeVigilmon:
     failures_answered: int = 0
     port: int = 0
     down: bool = False
+    tls: ssl.SSLContext | None = None
+    handshake_failures: list[str] = field(default_factory=list)  # OpenSSL's reasons
+    server_names: list[str | None] = field(default_factory=list)  # SNI of each handshake
 
     def __post_init__(self) -> None:
         self.port = self.port or int(self.server.server_address[1])
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    def failed_handshakes(self) -> int:
+        with self.lock:
+            return len(self.handshake_failures)
 
     def go_down(self) -> None:
         """Stop listening: new connections are refused, open ones are closed."""
@@ -138,13 +151,37 @@ def _handler(fake: FakeVigilmon) -> type[BaseHTTPRequestHandler]:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, fake: FakeVigilmon | None = None) -> None:
         super().__init__(("127.0.0.1", port), BaseHTTPRequestHandler)
         self.connections: set[socket.socket] = set()
+        self.fake = fake
 
     def process_request(self, request: Any, client_address: Any) -> None:
         self.connections.add(request)
         super().process_request(request, client_address)
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        fake = self.fake
+        if fake is None or fake.tls is None:
+            super().finish_request(request, client_address)
+            return
+        # The handshake runs here, in the connection's own thread, not in accept():
+        # a client that stalls or fails it must not hold up the others.
+        request.settimeout(10)
+        try:
+            tls_socket = fake.tls.wrap_socket(request, server_side=True)
+        except (ssl.SSLError, OSError) as exc:  # wrap_socket has closed the socket
+            reason = getattr(exc, "reason", None) or type(exc).__name__
+            with fake.lock:
+                fake.handshake_failures.append(str(reason))
+            return
+        tls_socket.settimeout(None)
+        self.connections.add(tls_socket)  # for go_down(); the plain socket is detached
+        try:
+            super().finish_request(tls_socket, client_address)
+        finally:
+            self.connections.discard(tls_socket)
+            tls_socket.close()
 
     def shutdown_request(self, request: Any) -> None:
         self.connections.discard(request)
@@ -152,7 +189,7 @@ class _Server(ThreadingHTTPServer):
 
 
 def _listen(fake: FakeVigilmon | None, port: int) -> _Server:
-    server = _Server(port)  # allow_reuse_address: the port can be taken again at once
+    server = _Server(port, fake)  # allow_reuse_address: the port can be taken again at once
     if fake is not None:
         server.RequestHandlerClass = _handler(fake)
     threading.Thread(target=server.serve_forever, name="fake-vigilmon", daemon=True).start()
@@ -169,10 +206,17 @@ def _stop(server: ThreadingHTTPServer) -> None:
 
 
 @contextmanager
-def fake_vigilmon() -> Iterator[FakeVigilmon]:
+def fake_vigilmon(tls: ssl.SSLContext | None = None) -> Iterator[FakeVigilmon]:
     server = _listen(None, 0)
-    fake = FakeVigilmon(server)
+    fake = FakeVigilmon(server, tls=tls)
+    server.fake = fake
     server.RequestHandlerClass = _handler(fake)
+    if tls is not None:
+        def record_sni(_sock: Any, name: str | None, _ctx: ssl.SSLContext) -> None:
+            with fake.lock:
+                fake.server_names.append(name)
+
+        tls.sni_callback = record_sni
     try:
         yield fake
     finally:
