@@ -336,7 +336,8 @@ BRIDGE: tuple[Metric, ...] = (
        "invalid_type, invalid_value.", ("reason",), component="bridge"),
     _m("colossalai_bridge_deliveries_total", "counter",
        "Delivery attempts by target and result: success, status (an answer outside the "
-       "target's success codes), timeout, connection, error.", ("target", "result"),
+       "target's success codes), timeout, connection, tls (handshake or certificate "
+       "failure), error.", ("target", "result"),
        component="bridge"),
     _m("colossalai_bridge_queue_depth", "gauge",
        "Deliveries waiting for a target (read from the outbox).", ("target",),

@@ -50,9 +50,9 @@ def _check(argv: Sequence[str]) -> int:
     parser = ArgumentParser(prog="colossalai-exporter bridge check")
     parser.add_argument("--config.file", dest="config_file", required=True, metavar="PATH")
     args = parser.parse_args(list(argv))
-    problems = check_file(args.config_file)
-    for problem in problems:
-        print(problem, file=sys.stderr)
+    problems, warnings = check_file(args.config_file)
+    for line in [*problems, *warnings]:
+        print(line, file=sys.stderr)
     if problems:
         return 2
     print(f"{args.config_file}: ok")

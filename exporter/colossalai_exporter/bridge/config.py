@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ from urllib.parse import urlsplit
 from colossalai_exporter.bridge.matchers import Matcher, MatcherError, parse_selector
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.flags import load_yaml_file
+from colossalai_exporter.web.config import TLS_VERSIONS
 
 KINDS = ("heartbeat", "health_heartbeat", "webhook")
 BODIES = ("stable", "alertmanager")
@@ -29,7 +31,38 @@ METHODS = ("GET", "POST", "HEAD", "PUT")
 DEFAULT_HEARTBEAT_SELECTOR = ('alertname="Watchdog"',)
 _NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
+_SSL_SOURCE_LINE = re.compile(r"\s*\(_ssl\.c:\d+\)$")
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+@dataclass(frozen=True)
+class TLSSettings:
+    """An endpoint's ``tls`` block, read as Prometheus reads a ``tls_config``.
+
+    Paths are absolute (resolved against the config file's folder). Without a
+    block, HTTPS targets are verified against the CA bundle shipped with requests.
+    """
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    server_name: str | None = None
+    insecure_skip_verify: bool = False
+    min_version: str | None = None
+
+    @property
+    def verify(self) -> bool | str:
+        """requests' ``verify=``: the CA file replaces the bundle rather than adding to it."""
+        if self.insecure_skip_verify:
+            return False
+        return self.ca_file or True
+
+    @property
+    def cert(self) -> tuple[str, str] | None:
+        """requests' ``cert=``: the client certificate and its key, or None."""
+        if self.cert_file and self.key_file:
+            return self.cert_file, self.key_file
+        return None
 
 
 @dataclass(frozen=True)
@@ -41,6 +74,7 @@ class Endpoint:
     timeout: float = 10.0
     success_codes: frozenset[int] = frozenset(range(200, 300))
     headers: tuple[tuple[str, str], ...] = ()
+    tls: TLSSettings | None = None
 
     def redacted(self) -> str:
         """scheme://host/… : enough to tell targets apart, no path or query (tokens live there)."""
@@ -86,6 +120,9 @@ class BridgeConfig:
     delivery: Delivery = Delivery()
     unhealthy_after_periods: float = 3.0
     source: Path | None = None
+    # Settings that are valid but weaken something (insecure_skip_verify): `bridge check`
+    # prints them and the bridge logs them at start-up.
+    warnings: tuple[str, ...] = ()
 
     def target(self, name: str) -> Target:
         for target in self.targets:
@@ -110,14 +147,25 @@ def parse_duration(value: Any) -> float:
 
 
 class _Problems:
-    """Collects problems with the key path each is about."""
+    """Collects problems (and warnings) with the key path each is about."""
 
     def __init__(self, source: str) -> None:
         self.source = source
         self.items: list[str] = []
+        self.warnings: list[str] = []
 
     def add(self, where: str, message: str) -> None:
         self.items.append(f"{self.source}: {where}: {message}")
+
+    def warn(self, where: str, message: str) -> None:
+        self.warnings.append(f"{self.source}: {where}: warning: {message}")
+
+    def path(self, value: str) -> Path:
+        """A path from the config: relative ones are relative to the config file's folder."""
+        path = Path(value)
+        if not path.is_absolute() and self.source:
+            path = Path(self.source).parent / path
+        return path
 
 
 class _Section:
@@ -165,6 +213,30 @@ class _Section:
             return default
         return value
 
+    def boolean(self, key: str, default: bool) -> bool:
+        value = self.data.get(key, default)
+        if not isinstance(value, bool):
+            self.problems.add(self._at(key), f"must be true or false, got {value!r}")
+            return default
+        return value
+
+    def readable_file(self, key: str) -> str | None:
+        """A path that can be opened for reading now (checked at load, not first use)."""
+        value = self.data.get(key)
+        if value is None:
+            return None
+        if not isinstance(value, str) or not value:
+            self.problems.add(self._at(key), "must be a non-empty string")
+            return None
+        path = self.problems.path(value)
+        try:
+            with path.open("rb"):
+                pass
+        except OSError as exc:
+            self.problems.add(self._at(key), f"cannot read {path}: {exc.strerror}")
+            return None
+        return str(path)
+
     def integer(self, key: str, default: int, minimum: int = 0) -> int:
         value = self.data.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
@@ -188,9 +260,7 @@ class _Section:
             self.problems.add(self._at(which), "must be a non-empty string")
             return None
         if which.endswith("_file"):
-            path = Path(value)
-            if not path.is_absolute() and self.problems.source:
-                path = Path(self.problems.source).parent / path
+            path = self.problems.path(value)
             try:
                 text = path.read_text(encoding="utf-8").strip()
             except OSError as exc:
@@ -210,7 +280,10 @@ class _Section:
         return text
 
 
-_ENDPOINT_KEYS = {"url", "url_file", "url_env", "method", "timeout", "success_codes", "headers"}
+_ENDPOINT_KEYS = {"url", "url_file", "url_env", "method", "timeout", "success_codes", "headers",
+                  "tls"}
+_TLS_KEYS = {"ca_file", "cert_file", "key_file", "server_name", "insecure_skip_verify",
+             "min_version"}
 _TARGET_KEYS = {
     "heartbeat": {"name", "type", "selector", "fail", "ttl", "min_interval", "period"},
     "health_heartbeat": {"name", "type", "selector", "interval", "alert_ttl"},
@@ -219,7 +292,58 @@ _TARGET_KEYS = {
 }
 
 
-def _endpoint(section: _Section, default_method: str, *, required: bool = True) -> Endpoint | None:
+def ssl_error_text(exc: ssl.SSLError) -> str:
+    """OpenSSL's words for a failure, e.g. ``[X509: NO_CERTIFICATE_OR_CRL_FOUND] no
+    certificate or crl found``, without the C source line Python appends."""
+    return _SSL_SOURCE_LINE.sub("", exc.strerror or str(exc)) or type(exc).__name__
+
+
+def _tls(data: Any, where: str, problems: _Problems) -> TLSSettings:
+    """The ``tls`` block at ``where``; files are opened and parsed now, so a bad
+    certificate fails `bridge check` instead of every delivery after start-up."""
+    section = _Section(data, where, problems, _TLS_KEYS)
+    ca_file = section.readable_file("ca_file")
+    cert_file = section.readable_file("cert_file")
+    key_file = section.readable_file("key_file")
+    for given, missing in (("cert_file", "key_file"), ("key_file", "cert_file")):
+        if given in section.data and missing not in section.data:
+            problems.add(f"{where}.{missing}", f"is required with {given}: a client "
+                         "certificate and its private key go together")
+    server_name = section.string("server_name")
+    if server_name is not None and not server_name.strip():
+        problems.add(f"{where}.server_name", "must be a non-empty host name")
+        server_name = None
+    insecure = section.boolean("insecure_skip_verify", False)
+    min_version = section.string("min_version", None, tuple(TLS_VERSIONS))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    if ca_file is not None:
+        try:
+            context.load_verify_locations(cafile=ca_file)
+        except ssl.SSLError as exc:
+            problems.add(f"{where}.ca_file", f"{ca_file} holds no PEM CA certificate "
+                         f"({ssl_error_text(exc)})")
+    if cert_file is not None and key_file is not None:
+        try:
+            # An empty password instead of none: OpenSSL would otherwise prompt on the
+            # terminal for an encrypted key, and requests has no way to pass one later.
+            context.load_cert_chain(cert_file, key_file, password=lambda: b"")
+        except ssl.SSLError as exc:
+            problems.add(f"{where}.cert_file", "cert_file and key_file must be a PEM "
+                         "certificate and its unencrypted private key "
+                         f"({ssl_error_text(exc)})")
+    if insecure:
+        ignored = [k for k in ("ca_file", "server_name") if k in section.data]
+        problems.warn(f"{where}.insecure_skip_verify", "the server's certificate is not "
+                      "verified: anyone on the network path can pose as this target and "
+                      "receive its requests" + (f" ({', '.join(ignored)} unused)"
+                                                if ignored else ""))
+    return TLSSettings(ca_file=ca_file, cert_file=cert_file, key_file=key_file,
+                       server_name=server_name, insecure_skip_verify=insecure,
+                       min_version=min_version)
+
+
+def _endpoint(section: _Section, default_method: str, *, required: bool = True,
+              inherited_tls: TLSSettings | None = None) -> Endpoint | None:
     url = section.secret("url", required=required)
     if url is None:
         return None
@@ -227,6 +351,14 @@ def _endpoint(section: _Section, default_method: str, *, required: bool = True) 
     if parts.scheme not in ("http", "https") or not parts.hostname:
         # The URL itself may hold a token: say what is wrong without echoing it.
         section.problems.add(section.where, "url must be an absolute http:// or https:// URL")
+    tls = inherited_tls
+    if "tls" in section.data:
+        tls = _tls(section.data["tls"], f"{section.where}.tls", section.problems)
+        if parts.scheme == "http":
+            # An error, not a warning: whoever wrote the block expects the request to be
+            # encrypted and verified, and over http:// it would silently be neither.
+            section.problems.add(f"{section.where}.tls", "is set but url is http://: "
+                                 "TLS settings apply to https:// URLs only")
     method = (section.string("method", default_method) or default_method).upper()
     if method not in METHODS:
         section.problems.add(f"{section.where}.method", f"must be one of {', '.join(METHODS)}")
@@ -249,7 +381,7 @@ def _endpoint(section: _Section, default_method: str, *, required: bool = True) 
         headers = tuple(headers_value.items())
     return Endpoint(url=url, method=method, timeout=section.duration("timeout", 10.0,
                                                                       positive=True),
-                    success_codes=codes, headers=headers)
+                    success_codes=codes, headers=headers, tls=tls)
 
 
 def _selector(section: _Section, default: tuple[str, ...]) -> tuple[Matcher, ...]:
@@ -290,8 +422,12 @@ def _target(data: Any, index: int, problems: _Problems) -> Target | None:
     if kind == "heartbeat":
         fail_endpoint = None
         if data.get("fail") is not None:
+            # The fail URL takes the target's tls block unless it has its own: it is
+            # almost always the same service, and a fail ping is sent rarely, so a
+            # forgotten copy would show only when the pipeline is already broken.
             fail_endpoint = _endpoint(_Section(data["fail"], f"{where}.fail", problems,
-                                               _ENDPOINT_KEYS), "GET")
+                                               _ENDPOINT_KEYS), "GET",
+                                      inherited_tls=endpoint.tls)
         return Target(name=name, kind=kind, endpoint=endpoint,
                       selector=_selector(section, DEFAULT_HEARTBEAT_SELECTOR),
                       fail_endpoint=fail_endpoint,
@@ -319,7 +455,15 @@ def _target(data: Any, index: int, problems: _Problems) -> Target | None:
 
 
 def validate(data: Any, source: Path | None = None) -> tuple[BridgeConfig | None, list[str]]:
-    """A config and an empty list, or None and every problem found (one line each)."""
+    """A config and an empty list, or None and every problem found (one line each).
+
+    Warnings do not make a config invalid; they are in ``BridgeConfig.warnings``.
+    """
+    config, problems = _validate(data, source)
+    return config, problems.items
+
+
+def _validate(data: Any, source: Path | None) -> tuple[BridgeConfig | None, _Problems]:
     problems = _Problems(str(source) if source else "bridge config")
     root = _Section(data, "", problems, {"state_dir", "receiver", "delivery", "targets",
                                         "health"})
@@ -360,23 +504,26 @@ def validate(data: Any, source: Path | None = None) -> tuple[BridgeConfig | None
                 problems.add(f"targets[{target.name}].name", "is used by two targets")
             seen.add(target.name)
     if problems.items:
-        return None, problems.items
+        return None, problems
     assert state_dir is not None
     state_path = Path(state_dir)
     if not state_path.is_absolute() and source is not None:
         state_path = source.parent / state_path
     return BridgeConfig(state_dir=state_path, targets=tuple(targets), bearer_token=token,
                         max_body_bytes=max_body, body_timeout=body_timeout, delivery=delivery,
-                        unhealthy_after_periods=float(periods), source=source), []
+                        unhealthy_after_periods=float(periods), source=source,
+                        warnings=tuple(problems.warnings)), problems
 
 
-def check_file(path: str | Path) -> list[str]:
-    """Every problem with the config file at ``path`` (empty when it is valid)."""
+def check_file(path: str | Path) -> tuple[list[str], list[str]]:
+    """Every problem with the config file at ``path`` (empty when it is valid), and
+    every warning (settings that are valid but weaken something)."""
     try:
         data = load_yaml_file(path, "bridge config")
     except ConfigError as exc:
-        return [str(exc)]
-    return validate(data, Path(path))[1]
+        return [str(exc)], []
+    problems = _validate(data, Path(path))[1]
+    return problems.items, problems.warnings
 
 
 def load_config(path: str | Path) -> BridgeConfig:

@@ -38,7 +38,7 @@ class HealthHeartbeat:
         self._stats = stats
         self._clock = clock
         self._stop = threading.Event()
-        self._session = new_session()
+        self._session = new_session(target.endpoint.tls)
         self.last_paused: float | None = None  # the last tick that found it paused
         self._paused = False
         self._thread = threading.Thread(target=self._run, name=f"health-{target.name}",

@@ -35,6 +35,8 @@ class BridgeRuntime:
                               "header")
         self.config = config
         self.web_config = web_config
+        for warning in config.warnings:
+            log.warning(warning)
         try:
             self.store = Store(config.state_dir)
         except StoreError as exc:

@@ -5,7 +5,11 @@ heartbeat token or a signed body — to an address the config never named.
 For the same reason sessions ignore the environment (:func:`new_session`):
 ``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY`` would route every request,
 token in the URL, through a host the config does not name, and ``~/.netrc``
-would add credentials the config does not hold.
+would add credentials the config does not hold. The one thing the environment
+could usefully give, a CA bundle (``REQUESTS_CA_BUNDLE``), comes from the
+target's ``tls`` block instead, with client certificates: ``verify=`` and
+``cert=`` on every request, and an adapter for what requests has no argument
+for (``server_name``, ``min_version``).
 Error texts never include the URL (requests puts it in exception messages,
 and heartbeat URLs carry their token).
 """
@@ -13,16 +17,23 @@ and heartbeat URLs carry their token).
 from __future__ import annotations
 
 import email.utils
+import ssl
 import time
+import warnings
 from dataclasses import dataclass
+from typing import Any
 
 import requests
+import urllib3
+from requests.adapters import DEFAULT_POOLBLOCK, HTTPAdapter
 
-from colossalai_exporter.bridge.config import Endpoint
+from colossalai_exporter.bridge.config import Endpoint, TLSSettings, ssl_error_text
 from colossalai_exporter.version import __version__
+from colossalai_exporter.web.config import TLS_VERSIONS
 
 # Values of the ``result`` label of colossalai_bridge_deliveries_total.
-RESULTS = ("success", "status", "timeout", "connection", "error")
+RESULTS = ("success", "status", "timeout", "connection", "tls", "error")
+DEFAULT_TLS = TLSSettings()
 USER_AGENT = f"colossalai-exporter-bridge/{__version__}"
 
 
@@ -38,15 +49,63 @@ class SendResult:
         return self.result == "success"
 
 
-def new_session() -> requests.Session:
+class _TLSAdapter(HTTPAdapter):
+    """HTTPS with the tls block's ``server_name`` and ``min_version``.
+
+    They go into the pool manager's keyword arguments, which urllib3 applies
+    to every HTTPS connection: ``server_hostname`` is sent as SNI and is the
+    name the certificate must match, in place of the URL's host.
+    """
+
+    def __init__(self, tls: TLSSettings) -> None:
+        self._tls = tls  # before super().__init__, which calls init_poolmanager
+        super().__init__()
+
+    def init_poolmanager(self, connections: int, maxsize: int,
+                         block: bool = DEFAULT_POOLBLOCK, **pool_kwargs: Any) -> None:
+        if self._tls.server_name:
+            pool_kwargs["server_hostname"] = self._tls.server_name
+        if self._tls.min_version:
+            pool_kwargs["ssl_minimum_version"] = TLS_VERSIONS[self._tls.min_version]
+        super().init_poolmanager(connections, maxsize, block, **pool_kwargs)
+
+
+def new_session(tls: TLSSettings | None = None) -> requests.Session:
     """A session that sends only where and what the config says.
 
     ``trust_env = False``: no proxies, ``.netrc`` credentials or CA bundle from
-    environment variables or the home directory.
+    environment variables or the home directory. ``tls`` (an endpoint's block)
+    sets what cannot be given per request; :func:`send` gives the rest.
     """
     session = requests.Session()
     session.trust_env = False
+    if tls is not None and (tls.server_name or tls.min_version):
+        session.mount("https://", _TLSAdapter(tls))
+    if tls is not None and tls.insecure_skip_verify:
+        # urllib3 warns on every unverified request; the config asked for it, and
+        # `bridge check` and the start-up log already say so once.
+        warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
     return session
+
+
+def _tls_failure(exc: BaseException) -> str:
+    """What OpenSSL said, found in the chain of exceptions requests and urllib3 wrap it
+    in; their own messages hold the URL (and so a heartbeat's token)."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, ssl.SSLCertVerificationError) and current.verify_message:
+            return f"certificate verify failed: {current.verify_message}"
+        if isinstance(current, ssl.SSLError):
+            return ssl_error_text(current)
+        linked = (current.__cause__, current.__context__, getattr(current, "reason", None),
+                  *current.args)
+        todo.extend(e for e in linked if isinstance(e, BaseException))
+    return type(exc).__name__
 
 
 def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
@@ -68,17 +127,25 @@ def send(session: requests.Session, endpoint: Endpoint, body: bytes | None = Non
     all_headers = {"User-Agent": USER_AGENT, **dict(endpoint.headers), **(headers or {})}
     if body is not None:
         all_headers.setdefault("Content-Type", "application/json")
+    tls = endpoint.tls or DEFAULT_TLS
     try:
         response = session.request(endpoint.method, endpoint.url, data=body,
                                    headers=all_headers, timeout=endpoint.timeout,
-                                   allow_redirects=False)
+                                   allow_redirects=False, verify=tls.verify, cert=tls.cert)
         response.close()
     except requests.Timeout:
         return SendResult("timeout", error=f"no answer within {endpoint.timeout:g}s")
+    except requests.exceptions.SSLError as exc:  # before ConnectionError, its base class
+        return SendResult("tls", error=f"TLS failed ({_tls_failure(exc)})")
     except requests.ConnectionError as exc:
         return SendResult("connection", error=f"connection failed ({type(exc).__name__})")
     except requests.RequestException as exc:
         return SendResult("error", error=f"request failed ({type(exc).__name__})")
+    except OSError as exc:
+        # Outside requests' own exceptions: raised before connecting when a ca_file,
+        # cert_file or key_file that `bridge check` saw has gone since.
+        return SendResult("tls", error="a ca_file, cert_file or key_file of the config "
+                                       f"is missing ({type(exc).__name__})")
     if response.status_code in endpoint.success_codes:
         return SendResult("success", response.status_code)
     retry_after = None

@@ -62,7 +62,12 @@ class TargetWorker:
         self._clock = clock
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._session = new_session()
+        self._session = new_session(target.endpoint.tls)
+        # A session per TLS setting: the adapter holding server_name and min_version is
+        # the session's, so a fail URL with its own tls block needs its own session.
+        fail = target.fail_endpoint
+        self._fail_session = (self._session if fail is None or fail.tls == target.endpoint.tls
+                              else new_session(fail.tls))
         self._last_attempt: float | None = None
         self._thread = threading.Thread(target=self._run, name=f"deliver-{target.name}",
                                         daemon=True)
@@ -80,6 +85,7 @@ class TargetWorker:
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
         self._session.close()
+        self._fail_session.close()
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -146,7 +152,7 @@ class TargetWorker:
     def _send(self, delivery: Delivery) -> SendResult:
         target = self.target
         if delivery.kind == "fail" and target.fail_endpoint is not None:
-            return send(self._session, target.fail_endpoint)
+            return send(self._fail_session, target.fail_endpoint)
         if target.kind == "heartbeat":
             return send(self._session, target.endpoint)
         raw = self._store.notification_body(delivery.notification_id)
