@@ -1,4 +1,5 @@
-"""A real Prometheus (the Debian package's binary) on loopback, for the tests that need one."""
+"""A real Prometheus and a real Alertmanager (the Debian packages' binaries) on loopback,
+for the tests that need them."""
 
 from __future__ import annotations
 
@@ -80,6 +81,30 @@ def running_prometheus(tmp_path: Path, config: str) -> Iterator[Prometheus]:
     with launch_prometheus(config_path, tmp_path / "prometheus-data",
                            tmp_path / "prometheus.log") as prometheus:
         yield prometheus
+
+
+@contextlib.contextmanager
+def running_alertmanager(config_path: Path, tmp_path: Path) -> Iterator[str]:
+    """Alertmanager on ``config_path`` (loopback, a free port, no cluster), ready; yields
+    its base URL and stops it afterwards. State in tmp_path/am-data, log in
+    tmp_path/alertmanager.log."""
+    binary = require_binary("prometheus-alertmanager")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = tmp_path / "alertmanager.log"
+    with log_path.open("w") as log:
+        # --cluster.listen-address= : no gossip port, which would need a second free port
+        # and could join another test's Alertmanager on the same machine.
+        proc = subprocess.Popen(
+            [binary, f"--config.file={config_path}", f"--storage.path={tmp_path / 'am-data'}",
+             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
+            stdout=log, stderr=subprocess.STDOUT)
+        try:
+            wait_until(lambda: http_get(url + "/-/ready", timeout=1)[0] == 200, timeout=30,
+                       interval=0.2, what=f"Alertmanager ready (log: {log_path})")
+            yield url
+        finally:
+            stop_process(proc, timeout=15)
 
 
 @contextlib.contextmanager

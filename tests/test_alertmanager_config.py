@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import yaml
 
-from conftest import REPO, free_port, http_get, require_binary, stop_process, wait_until
+from conftest import REPO, http_get, require_binary, wait_until
+from prometheus_helpers import running_alertmanager
 
 AM_DIR = REPO / "deploy" / "alertmanager"
 CONFIG = AM_DIR / "alertmanager.yml"
@@ -189,48 +190,34 @@ def test_slack_title_for_a_warning_without_job(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_real_alertmanager_inhibits_warning_of_same_alert_and_job(tmp_path: Path) -> None:
     """The config loaded by a real Alertmanager: critical mutes its own warning, not others."""
-    binary = require_binary("prometheus-alertmanager")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    log_path = tmp_path / "alertmanager.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [binary, f"--config.file={CONFIG}", f"--storage.path={tmp_path}",
-             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-            stdout=subprocess.DEVNULL, stderr=log)
-        try:
-            wait_until(lambda: http_get(url + "/-/ready", timeout=1)[0] == 200, timeout=20,
-                       what="alertmanager ready")
+    with running_alertmanager(CONFIG, tmp_path) as url:
+        def alert(severity: str, job: str) -> dict[str, Any]:
+            return {"labels": {"alertname": "CheckpointDiskLow", "severity": severity,
+                               "job": job, "instance": "node-a:9466"},
+                    "annotations": {"summary": "s", "description": "d"}}
 
-            def alert(severity: str, job: str) -> dict[str, Any]:
-                return {"labels": {"alertname": "CheckpointDiskLow", "severity": severity,
-                                   "job": job, "instance": "node-a:9466"},
-                        "annotations": {"summary": "s", "description": "d"}}
+        body = json.dumps([alert("critical", "colossalai-node"),
+                           alert("warning", "colossalai-node"),
+                           alert("warning", "other-job")]).encode()
+        request = urllib.request.Request(url + "/api/v2/alerts", data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.status == 200
 
-            body = json.dumps([alert("critical", "colossalai-node"),
-                               alert("warning", "colossalai-node"),
-                               alert("warning", "other-job")]).encode()
-            request = urllib.request.Request(url + "/api/v2/alerts", data=body, method="POST",
-                                             headers={"Content-Type": "application/json"})
-            with urllib.request.urlopen(request, timeout=5) as response:
-                assert response.status == 200
+        def states() -> dict[tuple[str, str], str] | None:
+            alerts = json.loads(http_get(url + "/api/v2/alerts", timeout=2)[2])
+            got = {(a["labels"]["severity"], a["labels"]["job"]): a["status"]["state"]
+                   for a in alerts}
+            return got if len(got) == 3 and "unprocessed" not in got.values() else None
 
-            def states() -> dict[tuple[str, str], str] | None:
-                alerts = json.loads(http_get(url + "/api/v2/alerts", timeout=2)[2])
-                got = {(a["labels"]["severity"], a["labels"]["job"]): a["status"]["state"]
-                       for a in alerts}
-                return got if len(got) == 3 and "unprocessed" not in got.values() else None
-
-            expected = {
-                ("critical", "colossalai-node"): "active",
-                ("warning", "colossalai-node"): "suppressed",
-                ("warning", "other-job"): "active",
-            }
-            # Alertmanager marks an alert processed before its inhibitor has looked at
-            # it, so "processed" alone can still show the warning active for a moment.
-            seen: list[dict[tuple[str, str], str] | None] = []
-            wait_until(lambda: seen.append(states()) or seen[-1] == expected, timeout=10,
-                       what="the warning to be inhibited")
-            assert seen[-1] == expected
-        finally:
-            stop_process(proc)
+        expected = {
+            ("critical", "colossalai-node"): "active",
+            ("warning", "colossalai-node"): "suppressed",
+            ("warning", "other-job"): "active",
+        }
+        # Alertmanager marks an alert processed before its inhibitor has looked at
+        # it, so "processed" alone can still show the warning active for a moment.
+        seen: list[dict[tuple[str, str], str] | None] = []
+        wait_until(lambda: seen.append(states()) or seen[-1] == expected, timeout=10,
+                   what="the warning to be inhibited")
+        assert seen[-1] == expected

@@ -4,7 +4,6 @@ which pings the fake Vigilmon: the path a Watchdog alert takes in production."""
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,8 +11,8 @@ import pytest
 import requests
 import yaml
 
-from conftest import free_port, require_binary, wait_until
 from fake_vigilmon import FakeVigilmon, fake_vigilmon
+from prometheus_helpers import running_alertmanager
 from test_bridge_e2e import TOKEN, Start, metric, server_process, write_config
 
 __all__ = ["server_process"]  # the fixture, re-used from the end-to-end tests
@@ -27,7 +26,6 @@ def vigilmon() -> Iterator[FakeVigilmon]:
 
 def test_watchdog_from_alertmanager_reaches_vigilmon_and_criticals_reach_the_webhook(
         server_process: Start, tmp_path: Path, vigilmon: FakeVigilmon) -> None:
-    binary = require_binary("prometheus-alertmanager")
     config = write_config(tmp_path / "bridge.yml", tmp_path / "state", [
         {"name": "watchdog", "type": "heartbeat", "url": vigilmon.heartbeat_url("wd-token")},
         {"name": "oncall", "type": "webhook", "url": vigilmon.url + "/oncall",
@@ -44,16 +42,8 @@ def test_watchdog_from_alertmanager_reaches_vigilmon_and_criticals_reach_the_web
         }]}],
     }
     (tmp_path / "alertmanager.yml").write_text(yaml.safe_dump(am_config))
-    port = free_port()
-    with (tmp_path / "alertmanager.log").open("wb") as log:
-        am = subprocess.Popen([binary, f"--config.file={tmp_path / 'alertmanager.yml'}",
-                               f"--storage.path={tmp_path / 'am-data'}",
-                               f"--web.listen-address=127.0.0.1:{port}",
-                               "--cluster.listen-address="], stdout=log, stderr=log)
-    try:
-        api = f"http://127.0.0.1:{port}/api/v2"
-        wait_until(lambda: requests.get(f"{api}/status", timeout=2).ok, timeout=20,
-                   what="Alertmanager to start")
+    with running_alertmanager(tmp_path / "alertmanager.yml", tmp_path) as alertmanager:
+        api = f"{alertmanager}/api/v2"
         alerts = [{"labels": {"alertname": "Watchdog", "severity": "none"}},
                   {"labels": {"alertname": "TrainingStalled", "severity": "critical",
                               "job": "llama"}, "annotations": {"summary": "stalled"}}]
@@ -68,6 +58,3 @@ def test_watchdog_from_alertmanager_reaches_vigilmon_and_criticals_reach_the_web
         assert metric(bridge, "colossalai_bridge_notifications_rejected_total",
                       reason="unauthorized") == 0
         assert (metric(bridge, "colossalai_bridge_notifications_received_total") or 0) >= 2
-    finally:
-        am.terminate()
-        am.wait(10)

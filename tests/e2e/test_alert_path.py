@@ -35,7 +35,6 @@ import json
 import os
 import signal
 import sqlite3
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -58,13 +57,11 @@ from conftest import (
     free_port,
     http_get,
     require,
-    require_binary,
-    stop_process,
     wait_until,
 )
 from fake_vigilmon import FakeVigilmon, Recorded, fake_vigilmon
 from gpu_helpers import Scenario, gpu
-from prometheus_helpers import Prometheus, launch_prometheus
+from prometheus_helpers import Prometheus, launch_prometheus, running_alertmanager
 from test_bridge_e2e import TOKEN, BridgeProcess, write_config
 from test_demo import Demo
 
@@ -146,24 +143,6 @@ def alertmanager_config(tmp: Path, bridge_url: str, slack_url: str) -> Path:
     path = tmp / "alertmanager.yml"
     path.write_text(yaml.safe_dump(config))
     return path
-
-
-@contextlib.contextmanager
-def running_alertmanager(config: Path, tmp: Path) -> Iterator[str]:
-    binary = require_binary("prometheus-alertmanager")
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    with (tmp / "alertmanager.log").open("w") as log:
-        proc = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.path={tmp / 'am-data'}",
-             f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="],
-            stdout=log, stderr=subprocess.STDOUT)
-        try:
-            wait_until(lambda: http_get(url + "/-/ready", timeout=1)[0] == 200, timeout=30,
-                       interval=0.2, what="Alertmanager ready")
-            yield url
-        finally:
-            stop_process(proc, timeout=15)
 
 
 def training(workdir: Path, port: int, master_port: int, env: dict[str, str]) -> Demo:
