@@ -281,3 +281,42 @@ def test_group_commit_refuses_only_the_item_that_cannot_be_stored(tmp_path: Path
     assert [type(r).__name__ for r in results] == ["IngestResult", "StoreError", "IngestResult"]
     assert store.queue_stats()["hook"].depth == 2
     store.close()
+
+
+def test_a_delivery_worker_survives_its_own_bug(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                ) -> None:
+    """An unexpected exception in a worker's step is logged and counted, and the
+    thread carries on: the delivery it was about to make is made on the next try."""
+    from colossalai_exporter.bridge.metrics import BridgeStats
+    from colossalai_exporter.bridge.workers import TargetWorker
+    from fake_vigilmon import fake_vigilmon
+
+    with fake_vigilmon() as vigilmon:
+        config, problems = validate(_config([
+            {"name": "hook", "type": "webhook", "url": vigilmon.url + "/hook"}]))
+        assert problems == [] and config is not None
+        store = Store(tmp_path / "state")
+        store.ingest(body(alert("TrainingStalled")),
+                     [Enqueue("hook", "webhook", dedup_key="k", dedup_window=60)])
+        real, calls = store.next_delivery, []
+
+        def buggy_once(target: str):  # type: ignore[no-untyped-def]
+            calls.append(target)
+            if len(calls) == 1:
+                raise KeyError("a bug")
+            return real(target)
+
+        store.next_delivery = buggy_once  # type: ignore[method-assign]
+        stats = BridgeStats()
+        worker = TargetWorker(config.targets[0], store, Delivery(), stats)
+        with caplog.at_level("ERROR", logger="colossalai_exporter.bridge.workers"):
+            worker.start()
+            try:
+                vigilmon.wait_for("/hook", 1, timeout=10)
+            finally:
+                worker.stop()
+                worker.join(5)
+        store.close()
+    assert any("delivery worker failed" in r.getMessage() and r.exc_info for r in caplog.records)
+    assert stats.deliveries["hook", "error"] == 1
+    assert stats.deliveries["hook", "success"] == 1

@@ -337,7 +337,8 @@ BRIDGE: tuple[Metric, ...] = (
     _m("colossalai_bridge_deliveries_total", "counter",
        "Delivery attempts by target and result: success, status (an answer outside the "
        "target's success codes), timeout, connection, tls (handshake or certificate "
-       "failure), error.", ("target", "result"),
+       "failure), error (any other failure, the delivery worker's own included: see its log).",
+       ("target", "result"),
        component="bridge"),
     _m("colossalai_bridge_queue_depth", "gauge",
        "Deliveries waiting for a target (read from the outbox).", ("target",),

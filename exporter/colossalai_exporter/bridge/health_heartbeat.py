@@ -90,5 +90,9 @@ class HealthHeartbeat:
             except StoreError as exc:
                 log.error("state unavailable", extra={"target": self.target.name,
                                                       "err": str(exc)})
+            except Exception:
+                # As for delivery workers: a bug must not stop the schedule for good.
+                log.exception("health heartbeat failed; retrying",
+                              extra={"target": self.target.name})
             elapsed = self._clock() - started
             self._stop.wait(max(0.0, self.target.interval - elapsed))

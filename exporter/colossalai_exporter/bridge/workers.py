@@ -95,6 +95,13 @@ class TargetWorker:
                 log.error("outbox unavailable", extra={"target": self.target.name,
                                                        "err": str(exc)})
                 wait = IDLE_POLL_SECONDS
+            except Exception:
+                # A bug must not end the thread: the target's deliveries would wait in
+                # the outbox, unsent, with nothing but a growing queue to say so.
+                log.exception("delivery worker failed; retrying",
+                              extra={"target": self.target.name})
+                self._stats.add_delivery(self.target.name, "error")
+                wait = IDLE_POLL_SECONDS
             if wait > 0:
                 self._wake.wait(min(wait, IDLE_POLL_SECONDS))
                 self._wake.clear()
