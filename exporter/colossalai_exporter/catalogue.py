@@ -415,25 +415,33 @@ def family(name: str, extra_labels: Iterable[str] = ()) -> Any:
     Typed ``Any`` on purpose: the four family classes' ``add_metric`` differ
     (an info takes a dict), and callers know which type they asked for.
     """
-    # Imported here, not at the top: the node agent reads its configuration (which
-    # names catalogued metrics) and starts its NVML worker before it loads
-    # prometheus_client and the HTTP stack, so that the worker boots meanwhile.
-    from prometheus_client.core import (
-        CounterMetricFamily,
-        GaugeMetricFamily,
-        HistogramMetricFamily,
-        InfoMetricFamily,
-    )
-
     metric = get(name)
     labels = [*extra_labels, *metric.labels]
-    if metric.type == "counter":
-        return CounterMetricFamily(metric.family_name, metric.help, labels=labels)
-    if metric.type == "gauge":
-        return GaugeMetricFamily(metric.family_name, metric.help, labels=labels)
-    if metric.type == "histogram":
-        return HistogramMetricFamily(metric.family_name, metric.help, labels=labels)
-    return InfoMetricFamily(metric.family_name, metric.help, labels=labels)
+    return _family_classes()[metric.type](metric.family_name, metric.help, labels=labels)
+
+
+_FAMILY_CLASSES: dict[str, Any] = {}
+
+
+def _family_classes() -> dict[str, Any]:
+    """prometheus_client's family class per metric type, imported on first use.
+
+    Not at the top: the node agent reads its configuration (which names catalogued
+    metrics) and starts its NVML worker before it loads prometheus_client and the
+    HTTP stack, so that the worker boots meanwhile. Kept once loaded: an import
+    statement per family would cost a few percent of a scrape.
+    """
+    if not _FAMILY_CLASSES:
+        from prometheus_client.core import (
+            CounterMetricFamily,
+            GaugeMetricFamily,
+            HistogramMetricFamily,
+            InfoMetricFamily,
+        )
+
+        _FAMILY_CLASSES.update(counter=CounterMetricFamily, gauge=GaugeMetricFamily,
+                               histogram=HistogramMetricFamily, info=InfoMetricFamily)
+    return _FAMILY_CLASSES
 
 
 def known_sample_names() -> set[str]:
