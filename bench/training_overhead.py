@@ -8,16 +8,26 @@ Each variant runs N iterations, R times; the best (least disturbed) run is
 reported, in nanoseconds per iteration, with the bare loop's own cost
 subtracted. The monitor runs as in training: publisher thread on (snapshots
 into a temporary run directory every second), no HTTP server.
+
+The last three variants add step heartbeats every 50 steps (as many as the
+sender takes: it pings at most once per 0.2 s poll) to a loopback server that
+answers 200, to a port that refuses connections, and to a server that accepts
+connections and never answers (each ping then waits for its 5 s timeout): the
+hot path must not feel any of them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import platform
+import socket
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -31,6 +41,47 @@ def best_ns_per_iter(loop: Callable[[int], None], steps: int, repeats: int) -> f
         loop(steps)
         best = min(best, (time.perf_counter_ns() - started) / steps)
     return best
+
+
+class _Ok(BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@contextlib.contextmanager
+def heartbeat_targets() -> Iterator[dict[str, str]]:
+    """URLs of a healthy server, a refusing port and a server that never answers."""
+    healthy = ThreadingHTTPServer(("127.0.0.1", 0), _Ok)
+    threading.Thread(target=healthy.serve_forever, daemon=True).start()
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        refusing_port = closed.getsockname()[1]
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(128)  # the kernel completes handshakes; nobody ever reads or answers
+    try:
+        yield {"answering": f"http://127.0.0.1:{healthy.server_address[1]}/ping/token",
+               "refusing": f"http://127.0.0.1:{refusing_port}/ping/token",
+               "never answering": f"http://127.0.0.1:{silent.getsockname()[1]}/ping/token"}
+    finally:
+        healthy.shutdown()
+        healthy.server_close()
+        silent.close()
+
+
+def with_block_loop(monitor: TrainingMonitor) -> Callable[[int], None]:
+    def loop(n: int) -> None:
+        step = monitor.step
+        for _ in range(n):
+            with step() as s:
+                s.loss = 1.0
+
+    return loop
 
 
 def main() -> int:
@@ -72,6 +123,16 @@ def main() -> int:
                     ("monitor.step_done()", plain_call),
                     ("Counter.inc() + Gauge.set()", prometheus_pair))}
         monitor.close()
+        with heartbeat_targets() as urls:
+            for label, url in urls.items():
+                beating = TrainingMonitor(serve="none", run_dir=tempfile.mkdtemp(dir=run_dir),
+                                          rank=0, step_heartbeat_url=url, heartbeat_every=50)
+                results[f"  + heartbeats, {label}"] = best_ns_per_iter(
+                    with_block_loop(beating), args.steps, args.repeats)
+                sent = beating.snapshot()["heartbeats"]["step"]
+                beating.close()
+                print(f"heartbeats to the {label} server: {sent['success']} ok, "
+                      f"{sent['failure']} failed", file=sys.stderr)
 
     base = results["bare loop"]
     pair = results["Counter.inc() + Gauge.set()"] - base
