@@ -19,7 +19,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "exporter"))
@@ -32,15 +32,11 @@ from prometheus_client.openmetrics.exposition import (
 )
 from prometheus_client.registry import Collector
 
-from colossalai_exporter.web.exposition import encode_openmetrics, encode_text
-
-
-class Fixed(Collector):
-    def __init__(self, families: list[Metric]) -> None:
-        self.families = families
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(self.families)
+from colossalai_exporter.web.exposition import (
+    CollectedFamilies,
+    encode_openmetrics,
+    encode_text,
+)
 
 
 def openmetrics_latest(collector: Collector) -> bytes:
@@ -82,7 +78,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=2000)
     args = parser.parse_args()
     families = rank_families()
-    fixed = Fixed(families)
+    fixed = CollectedFamilies(families)
     if encode_text(families) != generate_latest(fixed) or \
             encode_openmetrics(families) != openmetrics_latest(fixed):
         raise SystemExit("the encoders disagree; run tests/test_exposition.py")

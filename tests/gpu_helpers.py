@@ -11,6 +11,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
+from colossalai_exporter.web.exposition import CollectedFamilies
+
 
 def gpu(index: int, **overrides: Any) -> dict[str, Any]:
     """A fully supported fake GPU; ``overrides`` change or (with None) drop keys."""
@@ -54,12 +56,8 @@ class Scenario:
 def registry_of(families: Sequence[Metric]) -> CollectorRegistry:
     """A registry serving exactly ``families``, for get_sample_value and exposition."""
 
-    class Fixed:
-        def collect(self) -> Sequence[Metric]:
-            return families
-
     registry = CollectorRegistry()
-    registry.register(Fixed())  # type: ignore[arg-type]
+    registry.register(CollectedFamilies(families))
     return registry
 
 

@@ -39,7 +39,12 @@ from prometheus_client.core import (
 from prometheus_client.exposition import choose_encoder, generate_latest
 from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
-from colossalai_exporter.web.exposition import encode, encode_openmetrics, encode_text
+from colossalai_exporter.web.exposition import (
+    CollectedFamilies,
+    encode,
+    encode_openmetrics,
+    encode_text,
+)
 from gpu_helpers import Scenario, gpu
 
 # What Prometheus 2.42 (the Debian package the tests run) sends when it scrapes.
@@ -64,19 +69,9 @@ ACCEPT_HEADERS = [
 ]
 
 
-class Fixed:
-    """Families collected once, so that both encoders see the same values."""
-
-    def __init__(self, families: Sequence[Metric]) -> None:
-        self.families = list(families)
-
-    def collect(self) -> Iterator[Metric]:
-        return iter(self.families)
-
-
 def assert_same_as_library(families: Sequence[Metric]) -> None:
-    fixed = Fixed(families)
-    assert encode_text(fixed.families) == generate_latest(fixed)  # type: ignore[arg-type]
+    fixed = CollectedFamilies(families)  # collected once: both encoders see the same values
+    assert encode_text(fixed.families) == generate_latest(fixed)
     assert encode_openmetrics(fixed.families) == openmetrics_latest(fixed)
 
 
@@ -135,7 +130,7 @@ def test_every_family_type_and_escape_is_written_as_the_library_writes_it() -> N
 
 @pytest.mark.parametrize("accept", ACCEPT_HEADERS)
 def test_negotiation_and_content_type_are_the_librarys(accept: str) -> None:
-    registry = Fixed(edge_case_families())
+    registry = CollectedFamilies(edge_case_families())
     library_encoder, library_type = choose_encoder(accept)
     assert encode(registry, accept) == (library_encoder(registry), library_type)  # type: ignore[arg-type]
 

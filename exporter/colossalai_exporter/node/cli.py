@@ -85,17 +85,13 @@ def main(argv: list[str]) -> int:
     from colossalai_exporter.web.auth import BasicAuthenticator
     from colossalai_exporter.web.server import stop_on_signals
 
+    # The agent owns the worker from here on: whatever fails below, close() stops it.
+    agent = Agent(build_collectors(config, gpu_worker), scrape_timeout=config.scrape_timeout)
     try:
         web_config = load_web_config(config.web_config_file)
-    except Exception:
-        if gpu_worker is not None:
-            gpu_worker.kill()
-        raise
-    agent = Agent(build_collectors(config, gpu_worker), scrape_timeout=config.scrape_timeout)
-    app = App(authenticator=BasicAuthenticator(web_config.basic_auth_users),
-              extra_headers=web_config.headers, max_body_bytes=0)
-    stop = stop_on_signals()
-    try:
+        app = App(authenticator=BasicAuthenticator(web_config.basic_auth_users),
+                  extra_headers=web_config.headers, max_body_bytes=0)
+        stop = stop_on_signals()
         handle = serve(build_app(agent, app), config.listen_address, web_config, name="node")
         threading.Thread(target=report_first_scrape, args=(agent,), daemon=True).start()
         handle.wait(stop)

@@ -15,6 +15,7 @@ from colossalai_exporter import catalogue
 from colossalai_exporter.probe.config import REASONS
 from colossalai_exporter.probe.http import PHASES
 from colossalai_exporter.probe.modules import Outcome
+from colossalai_exporter.web.exposition import CollectedFamilies
 
 REJECT_REASONS = ("missing_target", "bad_target", "missing_module", "unknown_module",
                   "bad_timeout", "not_allowed", "busy")
@@ -59,17 +60,9 @@ def outcome_families(outcome: Outcome) -> list[Metric]:
     return families
 
 
-class _Fixed(Collector):
-    def __init__(self, families: list[Metric]) -> None:
-        self._families = families
-
-    def collect(self) -> Iterator[Metric]:
-        yield from self._families
-
-
 def outcome_registry(outcome: Outcome) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Fixed(outcome_families(outcome)))
+    registry.register(CollectedFamilies(outcome_families(outcome)))
     return registry
 
 

@@ -144,21 +144,23 @@ def encode_openmetrics(families: Iterable[Metric]) -> bytes:
     return "".join(out).encode()
 
 
-class _Collected:
-    """Families already collected, in the shape the library's encoders take."""
+class CollectedFamilies(Collector):
+    """Families already collected, served as they are: to the library's encoders
+    (a collect runs the collectors, so a scrape collects once), and by the prober,
+    whose registry per probe holds one outcome."""
 
-    def __init__(self, families: list[Metric]) -> None:
-        self._families = families
+    def __init__(self, families: Iterable[Metric]) -> None:
+        self.families = list(families)
 
     def collect(self) -> Iterator[Metric]:
-        return iter(self._families)
+        return iter(self.families)
 
 
 def _fast_encoder(encoder: Callable[[Collector], bytes]) -> Callable[[list[Metric]], bytes] | None:
     """Ours for what ``choose_encoder`` picked, when ours writes the same bytes."""
     if encoder is exposition.generate_latest:
         return encode_text
-    if encoder is openmetrics.generate_latest:  # prometheus_client before 0.22 hands it bare
+    if encoder is openmetrics.generate_latest:  # as older prometheus_client versions hand it
         return encode_openmetrics
     if not isinstance(encoder, functools.partial) or encoder.args:
         return None
@@ -183,4 +185,4 @@ def encode(registry: Collector, accept: str) -> tuple[bytes, str]:
     try:
         return fast(families), content_type
     except _Unsupported:
-        return encoder(_Collected(families)), content_type
+        return encoder(CollectedFamilies(families)), content_type
