@@ -150,7 +150,7 @@ def test_server_name_min_version_insecure_and_the_fail_url_inherits(
             webhook("insecure", private_ca.url + "/insecure",
                     tls={"insecure_skip_verify": True}),
             {"name": "watchdog", "type": "heartbeat", "url": private_ca.heartbeat_url("tok"),
-             "timeout": "2s", "tls": {"ca_file": ca},
+             "timeout": "2s", "tls": {"ca_file": ca}, "headers": {"X-Api-Key": "k1"},
              "fail": {"url": private_ca.heartbeat_url("tok") + "/fail"}},  # no tls of its own
         ])
         bridge = server_process(config)
@@ -172,7 +172,9 @@ def test_server_name_min_version_insecure_and_the_fail_url_inherits(
         private_ca.wait_for("/insecure", 1)
         private_ca.wait_for("/api/heartbeat/tok", 1)
         assert post(bridge, body(alert(status="resolved"))).status_code == 200
-        private_ca.wait_for("/api/heartbeat/tok/fail", 1)  # verified with the target's CA
+        # Verified with the target's CA, and sent with the target's headers.
+        fail = private_ca.wait_for("/api/heartbeat/tok/fail", 1)
+        assert fail[0].headers["x-api-key"] == "k1"
         assert metric(bridge, "colossalai_bridge_deliveries_total", target="watchdog",
                       result="tls") == 0
         bridge.stop()
@@ -278,3 +280,35 @@ def test_a_tls_file_gone_after_start_is_a_tls_result_not_a_crash(tmp_path: Path)
     assert result.result == "tls"
     assert "missing" in result.error
     assert "secret-token" not in result.error
+
+
+def test_insecure_skip_verify_silences_the_warning_for_its_host_only() -> None:
+    """urllib3 warns on every unverified request; the filter the bridge installs for a
+    target with insecure_skip_verify must not hide the warning for any other host."""
+    import re
+    import warnings
+
+    import urllib3
+
+    from colossalai_exporter.bridge.sender import endpoint_session
+
+    def silenced(host: str) -> bool:
+        text = (f"Unverified HTTPS request is being made to host '{host}'. Adding "
+                "certificate verification is strongly advised.")
+        for action, message, category, _module, _line in warnings.filters:
+            if (issubclass(urllib3.exceptions.InsecureRequestWarning, category)
+                    and (message is None or re.compile(message).match(text))):
+                return action == "ignore"
+        return False
+
+    with warnings.catch_warnings():
+        endpoint_session(Endpoint(url="https://lab.example:8443/hook",
+                                  tls=TLSSettings(insecure_skip_verify=True))).close()
+        endpoint_session(Endpoint(url="https://[fd00::1]/hook",
+                                  tls=TLSSettings(insecure_skip_verify=True))).close()
+        endpoint_session(Endpoint(url="https://verified.example/hook",
+                                  tls=TLSSettings())).close()
+        assert silenced("lab.example")
+        assert silenced("fd00::1") and silenced("[fd00::1]")
+        assert not silenced("verified.example")
+        assert not silenced("lab.example.evil")

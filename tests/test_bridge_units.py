@@ -320,3 +320,32 @@ def test_a_delivery_worker_survives_its_own_bug(tmp_path: Path, caplog: pytest.L
     assert any("delivery worker failed" in r.getMessage() and r.exc_info for r in caplog.records)
     assert stats.deliveries["hook", "error"] == 1
     assert stats.deliveries["hook", "success"] == 1
+
+
+def test_a_fail_url_inherits_everything_but_its_url() -> None:
+    """Method, headers (merged, its own win by name), timeout, success codes and TLS
+    default to the heartbeat's: a forgotten copy would show only when the alert resolves."""
+    config, problems = validate(_config([
+        {"name": "wd", "type": "heartbeat", "url": "https://v/api/heartbeat/t",
+         "method": "POST", "timeout": "3s", "success_codes": [200, 202],
+         "headers": {"X-Api-Key": "k1", "X-Team": "ml"},
+         "tls": {"server_name": "vigilmon.internal"},
+         "fail": {"url": "https://v/api/heartbeat/t/fail"}},
+        {"name": "own", "type": "heartbeat", "url": "https://v/api/heartbeat/u",
+         "method": "POST", "timeout": "3s", "headers": {"X-Api-Key": "k1", "X-Team": "ml"},
+         "fail": {"url": "https://v/api/heartbeat/u/fail", "method": "GET", "timeout": "1s",
+                  "success_codes": [204], "headers": {"x-api-key": "k2"}, "tls": {}}},
+    ]))
+    assert problems == [] and config is not None
+    wd, own = config.targets
+    assert wd.fail_endpoint is not None and own.fail_endpoint is not None
+    inherited = wd.fail_endpoint
+    assert (inherited.method, inherited.timeout, inherited.success_codes) == (
+        "POST", 3.0, frozenset({200, 202}))
+    assert inherited.headers == (("X-Api-Key", "k1"), ("X-Team", "ml"))
+    assert inherited.tls == wd.endpoint.tls
+    overridden = own.fail_endpoint
+    assert (overridden.method, overridden.timeout, overridden.success_codes) == (
+        "GET", 1.0, frozenset({204}))
+    assert overridden.headers == (("X-Team", "ml"), ("x-api-key", "k2"))
+    assert overridden.tls is not None and overridden.tls.server_name is None

@@ -343,7 +343,15 @@ def _tls(data: Any, where: str, problems: _Problems) -> TLSSettings:
 
 
 def _endpoint(section: _Section, default_method: str, *, required: bool = True,
-              inherited_tls: TLSSettings | None = None) -> Endpoint | None:
+              inherit: Endpoint | None = None) -> Endpoint | None:
+    """An endpoint from its section; what the section leaves out comes from ``inherit``.
+
+    ``inherit`` is the target's own endpoint when this is its fail URL: the fail
+    ping goes to the same service, so it needs the same method, headers (an
+    API key, say), timeout, success codes and TLS, and a forgotten copy would
+    show only when the watched alert resolves — when the pipeline is already
+    in trouble. Headers are merged, the section's own winning by name.
+    """
     url = section.secret("url", required=required)
     if url is None:
         return None
@@ -351,7 +359,7 @@ def _endpoint(section: _Section, default_method: str, *, required: bool = True,
     if parts.scheme not in ("http", "https") or not parts.hostname:
         # The URL itself may hold a token: say what is wrong without echoing it.
         section.problems.add(section.where, "url must be an absolute http:// or https:// URL")
-    tls = inherited_tls
+    tls = inherit.tls if inherit is not None else None
     if "tls" in section.data:
         tls = _tls(section.data["tls"], f"{section.where}.tls", section.problems)
         if parts.scheme == "http":
@@ -359,11 +367,14 @@ def _endpoint(section: _Section, default_method: str, *, required: bool = True,
             # encrypted and verified, and over http:// it would silently be neither.
             section.problems.add(f"{section.where}.tls", "is set but url is http://: "
                                  "TLS settings apply to https:// URLs only")
+    if inherit is not None:
+        default_method = inherit.method
     method = (section.string("method", default_method) or default_method).upper()
     if method not in METHODS:
         section.problems.add(f"{section.where}.method", f"must be one of {', '.join(METHODS)}")
     codes_value = section.data.get("success_codes")
-    codes: frozenset[int] = frozenset(range(200, 300))
+    codes: frozenset[int] = (inherit.success_codes if inherit is not None
+                             else frozenset(range(200, 300)))
     if codes_value is not None:
         if not isinstance(codes_value, list) or not codes_value or not all(
                 isinstance(c, int) and not isinstance(c, bool) and 100 <= c <= 599
@@ -378,10 +389,14 @@ def _endpoint(section: _Section, default_method: str, *, required: bool = True,
             isinstance(k, str) and isinstance(v, str) for k, v in headers_value.items()):
         section.problems.add(f"{section.where}.headers", "must map header names to strings")
     else:
-        headers = tuple(headers_value.items())
-    return Endpoint(url=url, method=method, timeout=section.duration("timeout", 10.0,
-                                                                      positive=True),
-                    success_codes=codes, headers=headers, tls=tls)
+        own = {name.lower() for name in headers_value}
+        inherited = [(k, v) for k, v in (inherit.headers if inherit is not None else ())
+                     if k.lower() not in own]
+        headers = (*inherited, *headers_value.items())
+    timeout = section.duration("timeout", inherit.timeout if inherit is not None else 10.0,
+                               positive=True)
+    return Endpoint(url=url, method=method, timeout=timeout, success_codes=codes,
+                    headers=headers, tls=tls)
 
 
 def _selector(section: _Section, default: tuple[str, ...]) -> tuple[Matcher, ...]:
@@ -422,12 +437,9 @@ def _target(data: Any, index: int, problems: _Problems) -> Target | None:
     if kind == "heartbeat":
         fail_endpoint = None
         if data.get("fail") is not None:
-            # The fail URL takes the target's tls block unless it has its own: it is
-            # almost always the same service, and a fail ping is sent rarely, so a
-            # forgotten copy would show only when the pipeline is already broken.
+            # Everything but the URL defaults to the target's (see _endpoint).
             fail_endpoint = _endpoint(_Section(data["fail"], f"{where}.fail", problems,
-                                               _ENDPOINT_KEYS), "GET",
-                                      inherited_tls=endpoint.tls)
+                                               _ENDPOINT_KEYS), "GET", inherit=endpoint)
         return Target(name=name, kind=kind, endpoint=endpoint,
                       selector=_selector(section, DEFAULT_HEARTBEAT_SELECTOR),
                       fail_endpoint=fail_endpoint,

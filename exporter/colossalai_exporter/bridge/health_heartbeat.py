@@ -24,7 +24,7 @@ from collections.abc import Callable
 
 from colossalai_exporter.bridge.config import Target
 from colossalai_exporter.bridge.metrics import BridgeStats
-from colossalai_exporter.bridge.sender import new_session, send
+from colossalai_exporter.bridge.sender import endpoint_session, send
 from colossalai_exporter.bridge.store import Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -38,7 +38,7 @@ class HealthHeartbeat:
         self._stats = stats
         self._clock = clock
         self._stop = threading.Event()
-        self._session = new_session(target.endpoint.tls)
+        self._session = endpoint_session(target.endpoint)
         self.last_paused: float | None = None  # the last tick that found it paused
         self._paused = False
         self._thread = threading.Thread(target=self._run, name=f"health-{target.name}",

@@ -17,11 +17,13 @@ and heartbeat URLs carry their token).
 from __future__ import annotations
 
 import email.utils
+import re
 import ssl
 import time
 import warnings
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 import urllib3
@@ -70,22 +72,39 @@ class _TLSAdapter(HTTPAdapter):
         super().init_poolmanager(connections, maxsize, block, **pool_kwargs)
 
 
-def new_session(tls: TLSSettings | None = None) -> requests.Session:
+def new_session(tls: TLSSettings | None = None, host: str | None = None) -> requests.Session:
     """A session that sends only where and what the config says.
 
     ``trust_env = False``: no proxies, ``.netrc`` credentials or CA bundle from
     environment variables or the home directory. ``tls`` (an endpoint's block)
     sets what cannot be given per request; :func:`send` gives the rest.
+    ``host`` is the endpoint's host, for the warning filter below.
     """
     session = requests.Session()
     session.trust_env = False
     if tls is not None and (tls.server_name or tls.min_version):
         session.mount("https://", _TLSAdapter(tls))
-    if tls is not None and tls.insecure_skip_verify:
-        # urllib3 warns on every unverified request; the config asked for it, and
-        # `bridge check` and the start-up log already say so once.
-        warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
+    if tls is not None and tls.insecure_skip_verify and host:
+        # urllib3 warns on every unverified request; the config asked for it for this
+        # host, and `bridge check` and the start-up log already say so once. The
+        # filter is for this host's warning only (warnings filters are per process,
+        # and catch_warnings is not thread-safe): an unverified request anywhere else
+        # in the process still warns.
+        warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning,
+                                message=insecure_warning_pattern(host))
     return session
+
+
+def endpoint_session(endpoint: Endpoint) -> requests.Session:
+    """:func:`new_session` for one endpoint's TLS block and host."""
+    return new_session(endpoint.tls, urlsplit(endpoint.url).hostname)
+
+
+def insecure_warning_pattern(host: str) -> str:
+    """The start of urllib3's InsecureRequestWarning for ``host`` (its own wording)."""
+    bare = host.strip("[]")
+    return rf"Unverified HTTPS request is being made to host '\[?{re.escape(bare)}\]?'"
+
 
 
 def _tls_failure(exc: BaseException) -> str:

@@ -26,7 +26,7 @@ from colossalai_exporter.bridge.alertmanager import PayloadError, parse_notifica
 from colossalai_exporter.bridge.config import Delivery as DeliverySettings
 from colossalai_exporter.bridge.config import Target
 from colossalai_exporter.bridge.metrics import BridgeStats
-from colossalai_exporter.bridge.sender import SendResult, new_session, send
+from colossalai_exporter.bridge.sender import SendResult, endpoint_session, send
 from colossalai_exporter.bridge.store import Delivery, Store, StoreError
 
 log = logging.getLogger(__name__)
@@ -62,12 +62,11 @@ class TargetWorker:
         self._clock = clock
         self._wake = threading.Event()
         self._stop = threading.Event()
-        self._session = new_session(target.endpoint.tls)
-        # A session per TLS setting: the adapter holding server_name and min_version is
-        # the session's, so a fail URL with its own tls block needs its own session.
+        self._session = endpoint_session(target.endpoint)
+        # The fail URL's own session: the adapter holding server_name and min_version,
+        # and the insecure_skip_verify warning filter, are per session and host.
         fail = target.fail_endpoint
-        self._fail_session = (self._session if fail is None or fail.tls == target.endpoint.tls
-                              else new_session(fail.tls))
+        self._fail_session = self._session if fail is None else endpoint_session(fail)
         self._last_attempt: float | None = None
         # True while the worker looks for or waits for work: only then can a new
         # delivery change what it does next (see wake()).
