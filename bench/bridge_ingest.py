@@ -24,6 +24,9 @@ deduplicated away), one in a hundred a Watchdog (Alertmanager sends it once
 a minute; at hundreds of notifications a second even 1 % over-represents it).
 
     python bench/bridge_ingest.py --rounds 5 --notifications 3000 --connections 16
+
+``--http h11`` runs both servers on uvicorn's h11 protocol instead of httptools
+(the project's), for comparison with results from before the switch.
 """
 
 from __future__ import annotations
@@ -214,11 +217,23 @@ async def do_nothing(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"{}"})
 
 
-def noop_main(port: int) -> None:
+def noop_main(port: int, protocol: str) -> None:
     from colossalai_exporter.web import serve, stop_on_signals
 
     stop = stop_on_signals()
-    serve(do_nothing, f"127.0.0.1:{port}", name="do-nothing").wait(stop)
+    serve(do_nothing, f"127.0.0.1:{port}", name="do-nothing", protocol=protocol).wait(stop)
+
+
+def bridge_main(protocol: str, argv: list[str]) -> int:
+    """The bridge's own CLI, with every server on ``protocol`` (a benchmark-only switch:
+    the product has no flag for it, it always runs the project's default)."""
+    import functools
+
+    from colossalai_exporter.bridge import runtime
+    from colossalai_exporter.cli import main as cli_main
+
+    runtime.serve = functools.partial(runtime.serve, protocol=protocol)  # type: ignore[assignment]
+    return cli_main(argv)
 
 
 def sink_main(port: int) -> None:
@@ -326,10 +341,10 @@ def write_config(workdir: Path, sink_port: int) -> Path:
     return path
 
 
-def start_bridge(config: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
+def start_bridge(config: Path, port: int, log: Path, protocol: str) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "colossalai_exporter", "bridge", "--config.file",
+            [sys.executable, __file__, "_bridge", protocol, "bridge", "--config.file",
              str(config), "--web.listen-address", f"127.0.0.1:{port}", "--log.level",
              "error"], stdout=out, stderr=subprocess.STDOUT, env=env())
     wait_http(f"http://127.0.0.1:{port}/metrics", proc)
@@ -352,7 +367,7 @@ def summary(result: dict[str, Any], count: int) -> dict[str, float]:
 def one_round(number: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     me = [sys.executable, __file__]
     noop_port = free_port()
-    noop = subprocess.Popen([*me, "_noop", str(noop_port)], env=env())
+    noop = subprocess.Popen([*me, "_noop", str(noop_port), args.http], env=env())
     try:
         wait_http(f"http://127.0.0.1:{noop_port}/", noop)
         base = summary(run_client(noop_port, 0, args.notifications, args.warmup,
@@ -365,7 +380,7 @@ def one_round(number: int, args: argparse.Namespace, workdir: Path) -> dict[str,
     sink_port = free_port()  # nothing listens yet: the targets are down during ingest
     config = write_config(rdir, sink_port)
     bridge_port = free_port()
-    bridge = start_bridge(config, bridge_port, rdir / "bridge.log")
+    bridge = start_bridge(config, bridge_port, rdir / "bridge.log", args.http)
     try:
         ours = summary(run_client(bridge_port, 0, args.notifications, args.warmup,
                                   args.connections, number), args.notifications)
@@ -379,7 +394,7 @@ def one_round(number: int, args: argparse.Namespace, workdir: Path) -> dict[str,
     sink = subprocess.Popen([*me, "_sink", str(sink_port)], env=env())
     try:
         wait_http(f"http://127.0.0.1:{sink_port}/stats", sink)
-        bridge = start_bridge(config, bridge_port, rdir / "bridge.log")
+        bridge = start_bridge(config, bridge_port, rdir / "bridge.log", args.http)
         try:
             deadline = time.monotonic() + 600
             while True:
@@ -411,12 +426,16 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=300)
     parser.add_argument("--connections", type=int, default=16,
                         help="concurrent keep-alive client connections")
+    parser.add_argument("--http", choices=("httptools", "h11"), default="httptools",
+                        help="uvicorn protocol of both servers (httptools: what the "
+                        "project serves on)")
     args = parser.parse_args()
     sizes = [len(r) for r in encoded_requests(1, 0, 1000, 0)]
     alerts = [len(notification(i, random.Random(0))["alerts"]) for i in range(1000)]
     print(f"{os.cpu_count()} cores, Python {sys.version.split()[0]}; {args.notifications} "
           f"timed notifications per run after {args.warmup} warm-up, {args.connections} "
-          f"keep-alive connections; request size median {statistics.median(sizes):.0f} B "
+          f"keep-alive connections, HTTP protocol {args.http}; request size median "
+          f"{statistics.median(sizes):.0f} B "
           f"(max {max(sizes)}), alerts per notification mean {statistics.mean(alerts):.1f}\n")
     rows = []
     with tempfile.TemporaryDirectory(prefix="bridge-bench-", dir=args_dir()) as tmp:
@@ -457,7 +476,9 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_client":
         client_main(json.loads(sys.argv[2]))
     elif len(sys.argv) > 1 and sys.argv[1] == "_noop":
-        noop_main(int(sys.argv[2]))
+        noop_main(int(sys.argv[2]), sys.argv[3])
+    elif len(sys.argv) > 1 and sys.argv[1] == "_bridge":
+        sys.exit(bridge_main(sys.argv[2], sys.argv[3:]))
     elif len(sys.argv) > 1 and sys.argv[1] == "_sink":
         sink_main(int(sys.argv[2]))
     else:
