@@ -259,8 +259,11 @@ def test_a_large_head_under_the_cap_is_served(stop_later: list[web_server.Server
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-@pytest.mark.parametrize("garbage", [b"NOT A REQUEST\r\n\r\n", b"GET / HTTP/1.1\r\nNo colon\r\n\r\n",
-                                     b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03"])
+@pytest.mark.parametrize("garbage", [
+    b"NOT A REQUEST\r\n\r\n",
+    b"GET / HTTP/1.1\r\nNo colon\r\n\r\n",
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
+])
 def test_malformed_request_gets_400_and_the_server_keeps_serving(
         protocol: str, garbage: bytes, stop_later: list[web_server.ServerHandle]) -> None:
     app, config = hello_app()
