@@ -485,3 +485,21 @@ def test_begun_collectors_run_last_and_families_keep_the_collectors_order() -> N
     assert calls == ["begin first", "begin third", "collect second", "collect fourth",
                      "collect first", "collect third"]
     assert all(state.up for state in agent.states.values())
+
+
+def test_address_endpoints_connect_without_resolving(listener: int,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """An IP address is connected to directly (no getaddrinfo); a name is resolved."""
+    from colossalai_exporter.node import rendezvous
+
+    def no_resolver(*args: object, **kwargs: object) -> None:
+        raise AssertionError("getaddrinfo called for an address")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(socket, "getaddrinfo", no_resolver)
+        assert rendezvous.connect(rendezvous.Endpoint("127.0.0.1", listener), 2).ok
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            port = closed.getsockname()[1]
+        assert rendezvous.connect(rendezvous.Endpoint("127.0.0.1", port), 2).reason == "refused"
+    assert rendezvous.connect(rendezvous.Endpoint("localhost", listener), 2).ok
