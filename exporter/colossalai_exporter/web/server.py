@@ -111,6 +111,9 @@ class HttpToolsServerProtocol(HttpToolsProtocol):
             self._arm_head_timer()
         super().data_received(data)
         if self._in_head and not self.transport.is_closing():
+            # The whole read counts, though a pipelined one may begin with the end of
+            # earlier requests: an over-count of at most one read, for clients that
+            # pipeline (Prometheus does not).
             self._head_pending += len(data)
             if self._head_pending > MAX_HEAD_BYTES:
                 self._refuse_head()
