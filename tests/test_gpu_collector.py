@@ -397,3 +397,46 @@ def test_a_hung_worker_exits_when_its_agent_dies(scenario: Scenario) -> None:
     reason, pid = result.stdout.split()
     assert reason == "timeout"
     wait_until(lambda: gone(int(pid)), 5, what="the orphaned worker to exit")
+
+
+def test_begin_asks_early_and_collect_takes_that_reading(scenario: Scenario, make: Make) -> None:
+    """The agent calls begin() before the other collectors run: one request serves
+    the scrape, and its answer is fresh (asked for after the scrape started)."""
+    collector = make()
+    collect(collector)
+    worker = collector._worker
+    assert worker is not None
+    scenario.write(gpus=[gpu(0, temperature=77), gpu(1)])
+    asked = worker._next_id
+    collector.begin(time.monotonic() + 2)
+    wait_until(lambda: worker.conn.poll(0), 5, what="the worker's answer")
+    reg = collect(collector)
+    assert worker._next_id == asked + 1
+    assert reg.get_sample_value("colossalai_gpu_temperature_celsius", {"gpu": "0"}) == 77
+
+
+def test_an_answer_begun_by_another_scrape_that_never_collected_is_stale(
+        scenario: Scenario, make: Make) -> None:
+    collector = make()
+    collect(collector)
+    worker = collector._worker
+    assert worker is not None
+    thread = threading.Thread(target=collector.begin, args=(time.monotonic() + 2,))
+    thread.start()
+    thread.join(5)
+    wait_until(lambda: worker.conn.poll(0), 5, what="the worker's answer")
+    scenario.write(gpus=[gpu(0, temperature=66), gpu(1)])
+    reg = collect(collector)  # this thread began nothing: that answer is not its own
+    assert reg.get_sample_value("colossalai_gpu_temperature_celsius", {"gpu": "0"}) == 66
+
+
+def test_begin_does_not_block_on_a_hung_worker(scenario: Scenario, make: Make) -> None:
+    collector = make(timeout=0.5)
+    collect(collector)
+    scenario.write(gpus=[gpu(0)], hang="nvmlDeviceGetMemoryInfo")
+    for _ in range(2):  # the second begin() finds a request still unanswered
+        start = time.monotonic()
+        collector.begin(time.monotonic() + 0.5)
+        assert time.monotonic() - start < 0.1
+        assert failure(collector, budget=0.5).reason == "timeout"
+        assert time.monotonic() - start < 0.5 + MARGIN

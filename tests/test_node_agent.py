@@ -405,3 +405,101 @@ def test_an_endpoint_that_never_answers_is_a_timeout_within_its_budget() -> None
     assert 0.4 < elapsed < 1.5, elapsed
     failure = next(f for f in families if f.name == "colossalai_nccl_failure")
     assert [s.labels["reason"] for s in failure.samples] == ["timeout"]
+
+
+def test_a_hung_path_holds_one_thread_and_later_scrapes_wait_for_that_check() -> None:
+    """The paths behind a hung one are still checked (a thread each, halfway through
+    the deadline); the hung path is not checked again until its check returns."""
+    import threading
+    import time
+
+    from colossalai_exporter.node import disk
+
+    release = threading.Event()
+    calls: dict[str, int] = {}
+    real = disk.check_path
+
+    def hanging(path: disk.WatchedPath) -> disk.PathStatus:
+        calls[path.name] = calls.get(path.name, 0) + 1
+        if path.name == "hung":
+            release.wait(30)
+        return real(path)
+
+    paths = [disk.WatchedPath("a", "/"), disk.WatchedPath("hung", "/"),
+             disk.WatchedPath("b", "/"), disk.WatchedPath("c", "/")]
+    collector = disk.DiskCollector(paths, timeout=0.3)
+
+    def reasons() -> dict[str, str]:
+        collector.begin(time.monotonic() + 5)
+        families = collector.collect(time.monotonic() + 5)
+        ok = next(f for f in families if f.name == "colossalai_disk_path_ok")
+        failed = next(f for f in families if f.name == "colossalai_disk_path_failure")
+        out = {s.labels["name"]: "ok" for s in ok.samples if s.value == 1}
+        out.update({s.labels["name"]: s.labels["reason"] for s in failed.samples})
+        return out
+
+    original, disk.check_path = disk.check_path, hanging
+    try:
+        for _ in range(3):
+            start = time.monotonic()
+            assert reasons() == {"a": "ok", "hung": "timeout", "b": "ok", "c": "ok"}
+            assert time.monotonic() - start < 1.0
+        assert calls == {"a": 3, "hung": 1, "b": 3, "c": 3}
+        release.set()
+        time.sleep(0.1)
+        assert reasons() == {"a": "ok", "hung": "ok", "b": "ok", "c": "ok"}
+        assert calls["hung"] == 2
+    finally:
+        disk.check_path = original
+        release.set()
+        collector.close()
+
+
+def test_begun_collectors_run_last_and_families_keep_the_collectors_order() -> None:
+    from prometheus_client.core import GaugeMetricFamily
+
+    from colossalai_exporter.node.agent import Agent
+
+    calls: list[str] = []
+
+    class Inline:
+        reasons = ()
+
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def collect(self, deadline: float) -> list[GaugeMetricFamily]:
+            calls.append(f"collect {self.name}")
+            return [GaugeMetricFamily(f"test_{self.name}", "x", value=1)]
+
+        def close(self) -> None:
+            pass
+
+    class Begun(Inline):
+        def begin(self, deadline: float) -> None:
+            calls.append(f"begin {self.name}")
+
+    agent = Agent([Begun("first"), Inline("second"), Begun("third"), Inline("fourth")])
+    names = [f.name for f in agent.collect() if f.name.startswith("test_")]
+    assert names == ["test_first", "test_second", "test_third", "test_fourth"]
+    assert calls == ["begin first", "begin third", "collect second", "collect fourth",
+                     "collect first", "collect third"]
+    assert all(state.up for state in agent.states.values())
+
+
+def test_address_endpoints_connect_without_resolving(listener: int,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """An IP address is connected to directly (no getaddrinfo); a name is resolved."""
+    from colossalai_exporter.node import rendezvous
+
+    def no_resolver(*args: object, **kwargs: object) -> None:
+        raise AssertionError("getaddrinfo called for an address")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(socket, "getaddrinfo", no_resolver)
+        assert rendezvous.connect(rendezvous.Endpoint("127.0.0.1", listener), 2).ok
+        with socket.socket() as closed:
+            closed.bind(("127.0.0.1", 0))
+            port = closed.getsockname()[1]
+        assert rendezvous.connect(rendezvous.Endpoint("127.0.0.1", port), 2).reason == "refused"
+    assert rendezvous.connect(rendezvous.Endpoint("localhost", listener), 2).ok

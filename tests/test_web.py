@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import ssl
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -132,17 +134,201 @@ def test_body_cap_method_and_unknown_route(stop_later: list[web_server.ServerHan
     missing.value.close()
 
 
+def recv_all(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+def recv_response(sock: socket.socket) -> tuple[bytes, bytes]:
+    """One response with a Content-Length body from a kept-alive connection: (head, body)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = sock.recv(65536)
+        assert chunk, data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                   if line.lower().startswith(b"content-length:")), 0)
+    while len(body) < length:
+        body += sock.recv(65536)
+    return head, body
+
+
+def still_serving(handle: web_server.ServerHandle) -> bool:
+    with urllib.request.urlopen(handle.url + "/hello", timeout=5) as response:
+        return response.status == 200
+
+
+PROTOCOLS = ["httptools", "h11"]
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_silent_client_is_disconnected_after_header_timeout(
-        monkeypatch: pytest.MonkeyPatch, stop_later: list[web_server.ServerHandle]) -> None:
+        protocol: str, monkeypatch: pytest.MonkeyPatch,
+        stop_later: list[web_server.ServerHandle]) -> None:
     monkeypatch.setattr(web_server, "HEADER_TIMEOUT_SECONDS", 0.3)
     app, config = hello_app()
-    handle = serve(app, "127.0.0.1:0", config)  # type: ignore[arg-type]
+    handle = serve(app, "127.0.0.1:0", config, protocol=protocol)  # type: ignore[arg-type]
     stop_later.append(handle)
     with socket.create_connection(("127.0.0.1", handle.port), timeout=5) as sock:
         sock.sendall(b"GET /hello HTTP/1.1\r\nHost: x\r\n")  # head never finished
         start = time.monotonic()
         assert sock.recv(1024) == b""  # closed by the server
         assert time.monotonic() - start < 3
+    assert still_serving(handle)
+
+
+def test_every_head_on_a_kept_alive_connection_has_a_deadline(
+        monkeypatch: pytest.MonkeyPatch, stop_later: list[web_server.ServerHandle]) -> None:
+    """After a first request, idling is the keep-alive timeout's, but a head that has
+    started to arrive must finish within the deadline, even if it trickles in."""
+    monkeypatch.setattr(web_server, "HEADER_TIMEOUT_SECONDS", 0.5)
+    app, config = hello_app()
+    handle = serve(app, "127.0.0.1:0", config)  # type: ignore[arg-type]
+    stop_later.append(handle)
+    with socket.create_connection(("127.0.0.1", handle.port), timeout=5) as sock:
+        sock.sendall(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert recv_response(sock)[0].startswith(b"HTTP/1.1 200 ")
+        time.sleep(0.7)  # idle past the head deadline: still open (keep-alive)
+        sock.sendall(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert recv_response(sock)[0].startswith(b"HTTP/1.1 200 ")
+        start = time.monotonic()
+        sock.sendall(b"GET /hello HTTP/1.1\r\n")
+        for _ in range(20):  # a byte every 0.1 s resets no timer
+            time.sleep(0.1)
+            try:
+                sock.sendall(b"X")
+            except (BrokenPipeError, ConnectionResetError):
+                break
+        assert recv_all(sock) == b""
+        assert time.monotonic() - start < 2.5
+
+
+@pytest.mark.parametrize(("protocol", "trickled", "status"), [
+    ("httptools", False, 431), ("httptools", True, 431),
+    # h11 caps only what it buffers of an incomplete head: one read holding a whole
+    # larger head passes (asyncio reads up to 256 KiB at a time).
+    ("h11", True, 400),
+])
+def test_oversized_request_head_is_refused(protocol: str, status: int, trickled: bool,
+                                           stop_later: list[web_server.ServerHandle]) -> None:
+    """Over MAX_HEAD_BYTES a head is refused (httptools: 431 as Go's net/http; h11: 400)
+    and the connection closed, whether it comes at once or never completes."""
+    app, config = hello_app()
+    handle = serve(app, "127.0.0.1:0", config, protocol=protocol)  # type: ignore[arg-type]
+    stop_later.append(handle)
+    big = b"a" * (web_server.MAX_HEAD_BYTES + 1024)
+    with socket.create_connection(("127.0.0.1", handle.port), timeout=5) as sock:
+        sock.sendall(b"GET /hello HTTP/1.1\r\nHost: x\r\nX-Big: ")
+        try:
+            if trickled:  # one header value in small reads, never finished
+                for i in range(0, len(big), 4096):
+                    sock.sendall(big[i:i + 4096])
+                    time.sleep(0.002)
+            else:
+                sock.sendall(big + b"\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # refused before the rest was sent
+        try:
+            answer = recv_all(sock)
+        except ConnectionResetError:
+            answer = b""  # the unread rest of our head reset the connection
+        if answer:
+            assert answer.startswith(f"HTTP/1.1 {status} ".encode()), answer[:100]
+    assert still_serving(handle)
+
+
+def test_a_large_head_under_the_cap_is_served(stop_later: list[web_server.ServerHandle]) -> None:
+    """Neither count of head bytes refuses a legal head, at once or in small reads."""
+    app, config = hello_app()
+    handle = serve(app, "127.0.0.1:0", config)  # type: ignore[arg-type]
+    stop_later.append(handle)
+    headers = b"".join(b"X-H%d: %s\r\n" % (i, b"v" * 1000) for i in range(50))  # ~50 KiB
+    request = b"GET /hello HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n"
+    assert len(request) < web_server.MAX_HEAD_BYTES
+    with socket.create_connection(("127.0.0.1", handle.port), timeout=5) as sock:
+        sock.sendall(request)
+        assert recv_response(sock)[0].startswith(b"HTTP/1.1 200 ")
+        for i in range(0, len(request), 2048):
+            sock.sendall(request[i:i + 2048])
+            time.sleep(0.001)
+        assert recv_response(sock)[0].startswith(b"HTTP/1.1 200 ")
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("garbage", [
+    b"NOT A REQUEST\r\n\r\n",
+    b"GET / HTTP/1.1\r\nNo colon\r\n\r\n",
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
+])
+def test_malformed_request_gets_400_and_the_server_keeps_serving(
+        protocol: str, garbage: bytes, stop_later: list[web_server.ServerHandle]) -> None:
+    app, config = hello_app()
+    handle = serve(app, "127.0.0.1:0", config, protocol=protocol)  # type: ignore[arg-type]
+    stop_later.append(handle)
+    with socket.create_connection(("127.0.0.1", handle.port), timeout=5) as sock:
+        sock.sendall(garbage)  # the last: a TLS ClientHello sent to a plain-HTTP port
+        assert recv_all(sock).startswith(b"HTTP/1.1 400 ")
+    assert still_serving(handle)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_head_requests_and_keep_alive(protocol: str,
+                                      stop_later: list[web_server.ServerHandle]) -> None:
+    """HEAD: the GET's headers (length included) and no body; the connection goes on."""
+    app, config = hello_app()
+    handle = serve(app, "127.0.0.1:0", config, protocol=protocol)  # type: ignore[arg-type]
+    stop_later.append(handle)
+    with socket.create_connection(("127.0.0.1", handle.port), timeout=5) as sock:
+        sock.sendall(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+        _, get_body = recv_response(sock)
+        assert json.loads(get_body) == {"hello": 0}
+        sock.sendall(b"HEAD /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+        data = b""
+        while b"\r\n\r\n" not in data:
+            data += sock.recv(65536)
+        head, _, rest = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 ") and rest == b""
+        assert f"content-length: {len(get_body)}".encode() in head.lower()
+        sock.sendall(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")  # same connection
+        assert recv_response(sock)[1] == get_body
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_stop_finishes_the_request_in_flight(protocol: str) -> None:
+    config = load_web_config(None)
+    app = App(authenticator=BasicAuthenticator(config.basic_auth_users))
+    entered = threading.Event()
+
+    def slow(request: object) -> object:
+        entered.set()
+        time.sleep(0.5)
+        return json_response(200, {"slow": True})
+
+    app.add_route("/slow", slow)  # type: ignore[arg-type]
+    handle = serve(app, "127.0.0.1:0", config, protocol=protocol)
+    answers: list[int] = []
+
+    def client() -> None:
+        with urllib.request.urlopen(handle.url + "/slow", timeout=10) as response:
+            answers.append(response.status)
+
+    thread = threading.Thread(target=client)
+    thread.start()
+    assert entered.wait(5)
+    handle.stop()
+    thread.join(10)
+    assert answers == [200]
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", handle.port), timeout=2).close()
+
+
+def test_unknown_protocol_name_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown HTTP protocol"):
+        web_server.protocol_class("h2")
 
 
 @pytest.mark.parametrize(("text", "needle"), [

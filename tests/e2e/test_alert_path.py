@@ -208,7 +208,9 @@ def follow_the_stall(stack: Stack, demo: Demo) -> None:
         assert time.time() < deadline, f"the stall did not page in time: {t}"
         now = time.time()
         if "health_503" not in t and http_get(stack.rank0 + "/health", timeout=2)[0] == 503:
-            t["health_503"] = now
+            # When the answer is in: the server judged the stall between ``now`` and
+            # this, and ``now`` could fall a request's latency before the budget.
+            t["health_503"] = time.time()
         if "pending" not in t or "firing" not in t:
             for alert in stack.prometheus.alerts("TrainingStalled", state="pending") + \
                     stack.prometheus.alerts("TrainingStalled", state="firing"):

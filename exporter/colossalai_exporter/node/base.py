@@ -36,6 +36,12 @@ class NodeCollector(Protocol):
         """Fresh families, returning before ``deadline`` (``time.monotonic()``) or raising."""
         ...
 
+    # A collector that waits on another process or thread (the NVML worker, disk
+    # checks) may also define ``begin(deadline) -> None``: the agent calls it, in
+    # the scrape's thread, before any collector's collect(), so that the work it
+    # hands over runs while the other collectors do theirs. It must not block
+    # and must not raise; collect() reports any failure.
+
     def close(self) -> None:
         """Release workers and handles when the agent stops."""
         ...

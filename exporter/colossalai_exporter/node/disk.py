@@ -1,10 +1,17 @@
 """Watched paths: checkpoint and NVMe offload directories, free space and health.
 
-Each path is checked in a worker thread with a deadline, because a hung NFS or
+Paths are checked in a worker thread with a deadline, because a hung NFS or
 Lustre mount blocks ``statvfs`` in the kernel and would otherwise hang the
 whole scrape. A path that does not answer in time is reported ``timeout``; its
-thread is left to finish on its own (it cannot be interrupted) and the pool's
-size bounds how many such threads can exist.
+thread is left to finish on its own (it cannot be interrupted).
+
+One thread checks a scrape's paths in order (one hand-over per scrape, not one
+per path; the agent starts it with ``begin`` so it runs while the other
+collectors do). Should it still be busy halfway through the deadline, say on a
+hung mount, the paths it has not reached get a thread each, so that only the
+hung path is reported ``timeout``. A path whose check from an earlier scrape has
+not returned is not checked again: later scrapes wait for that same check, so
+a hung mount holds one thread, not one more per scrape.
 """
 
 from __future__ import annotations
@@ -12,7 +19,9 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
 import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -70,6 +79,28 @@ def check_path(watched: WatchedPath) -> PathStatus:
     return PathStatus(True, "", free, total)
 
 
+class _Check:
+    """One check of one path; ``status`` is set when it returns."""
+
+    __slots__ = ("index", "path", "status")
+
+    def __init__(self, index: int, path: WatchedPath) -> None:
+        self.index = index
+        self.path = path
+        self.status: PathStatus | None = None
+
+
+class _Scrape:
+    """What one scrape waits for: a check per path, and those not yet started."""
+
+    __slots__ = ("checks", "start", "todo")
+
+    def __init__(self, start: float, checks: list[_Check], todo: deque[_Check]) -> None:
+        self.start = start
+        self.checks = checks
+        self.todo = todo
+
+
 class DiskCollector:
     name = "disk"
     reasons: tuple[str, ...] = ("error",)
@@ -77,22 +108,69 @@ class DiskCollector:
     def __init__(self, paths: list[WatchedPath], timeout: float = 2.0) -> None:
         self.paths = paths
         self.timeout = timeout
+        # One thread per hung path at most (see above), plus the one going in order.
         self._pool = ThreadPoolExecutor(max_workers=max(1, min(8, 2 * len(paths))),
                                         thread_name_prefix="disk")
+        self._cond = threading.Condition()
+        self._in_flight: dict[int, _Check] = {}  # checks not returned yet, by path index
+        self._scrape = threading.local()  # begin() to collect(), per scrape thread
+
+    def begin(self, deadline: float) -> None:
+        """Start this scrape's checks; collect() waits for them."""
+        self._scrape.current = self._start()
+
+    def _start(self) -> _Scrape:
+        checks: list[_Check] = []
+        todo: deque[_Check] = deque()
+        with self._cond:
+            for index, watched in enumerate(self.paths):
+                check = self._in_flight.get(index)
+                if check is None:
+                    check = self._in_flight[index] = _Check(index, watched)
+                    todo.append(check)
+                checks.append(check)
+        scrape = _Scrape(time.monotonic(), checks, todo)
+        if todo:
+            self._pool.submit(self._check_in_order, todo)
+        return scrape
+
+    def _check_in_order(self, todo: deque[_Check]) -> None:
+        while True:
+            with self._cond:
+                if not todo:
+                    return
+                check = todo.popleft()
+            self._check(check)
+
+    def _check(self, check: _Check) -> None:
+        status = check_path(check.path)
+        with self._cond:
+            check.status = status
+            if self._in_flight.get(check.index) is check:
+                del self._in_flight[check.index]
+            self._cond.notify_all()
 
     def collect(self, deadline: float) -> list[MetricFamily]:
-        budget = max(0.01, min(self.timeout, deadline - time.monotonic()))
-        end = time.monotonic() + budget
-        futures = [(p, self._pool.submit(check_path, p)) for p in self.paths]
+        scrape = getattr(self._scrape, "current", None) or self._start()
+        self._scrape.current = None
+        budget = max(0.01, min(self.timeout, deadline - scrape.start))
+        end = scrape.start + budget
+        fallback_at = scrape.start + budget / 2
+        with self._cond:
+            while any(check.status is None for check in scrape.checks):
+                now = time.monotonic()
+                if now >= end:
+                    break
+                if scrape.todo and now >= fallback_at:
+                    while scrape.todo:  # the paths behind a slow one: a thread each
+                        self._pool.submit(self._check, scrape.todo.popleft())
+                self._cond.wait((fallback_at if scrape.todo else end) - now)
+            statuses = [check.status or PathStatus(False, "timeout") for check in scrape.checks]
         free = family("colossalai_disk_free_bytes")
         total = family("colossalai_disk_total_bytes")
         ok = family("colossalai_disk_path_ok")
         failure = family("colossalai_disk_path_failure_info")
-        for watched, future in futures:
-            try:
-                status = future.result(timeout=max(0.0, end - time.monotonic()))
-            except TimeoutError:
-                status = PathStatus(False, "timeout")
+        for watched, status in zip(self.paths, statuses, strict=True):
             labels = [watched.name, watched.path]
             ok.add_metric(labels, 1.0 if status.ok else 0.0)
             if not status.ok:

@@ -53,22 +53,34 @@ def _reason(exc: OSError) -> str:
     return "error"
 
 
-def _is_ip_literal(host: str) -> bool:
+def _ip_family(host: str) -> socket.AddressFamily | None:
+    """AF_INET or AF_INET6 for an address literal; None for a name to resolve."""
     try:
-        ipaddress.ip_address(host)
+        address = ipaddress.ip_address(host)
     except ValueError:
-        return False
-    return True
+        return None
+    return socket.AF_INET6 if address.version == 6 else socket.AF_INET
+
+
+def _is_ip_literal(host: str) -> bool:
+    return _ip_family(host) is not None
 
 
 def connect(endpoint: Endpoint, timeout: float) -> ConnectResult:
     """One TCP connect, closed at once; never longer than ``timeout`` (DNS included)."""
     start = time.monotonic()
     try:
-        # getaddrinfo has no timeout of its own; the collector's thread pool
-        # deadline bounds it (a hung resolver is reported as timeout).
-        with socket.create_connection((endpoint.host, endpoint.port), timeout=timeout):
-            pass
+        family = _ip_family(endpoint.host)
+        if family is not None:
+            # An address: no getaddrinfo, which create_connection would call anyway.
+            with socket.socket(family, socket.SOCK_STREAM) as sock:
+                sock.settimeout(timeout)
+                sock.connect((endpoint.host, endpoint.port))
+        else:
+            # getaddrinfo has no timeout of its own; the collector's thread pool
+            # deadline bounds it (a hung resolver is reported as timeout).
+            with socket.create_connection((endpoint.host, endpoint.port), timeout=timeout):
+                pass
     except OSError as exc:
         return ConnectResult(False, time.monotonic() - start, _reason(exc))
     return ConnectResult(True, time.monotonic() - start)

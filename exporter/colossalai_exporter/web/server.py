@@ -1,5 +1,9 @@
 """Run an ASGI app under uvicorn, on a socket bound before anything else starts.
 
+uvicorn runs its httptools protocol (llhttp, a C parser), with a deadline and a
+size cap on every request head and TCP_NODELAY (:class:`HttpToolsServerProtocol`);
+its h11 protocol, with the same protections, on request (``protocol="h11"``).
+
 Binding the socket ourselves turns a busy port or a bad address into one
 readable :class:`ConfigError` (uvicorn itself would log and ``sys.exit(1)``),
 and lets tests ask for port 0 and read the port they got.
@@ -17,7 +21,7 @@ from types import FrameType
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.web.config import WebConfig
@@ -27,31 +31,147 @@ log = logging.getLogger(__name__)
 # A client has this long to send a complete request head; uvicorn alone would
 # wait forever for the first request on a connection (slowloris).
 HEADER_TIMEOUT_SECONDS = 10.0
+# The most bytes a request head (request line and headers) may take.
+MAX_HEAD_BYTES = 64 * 1024
 KEEP_ALIVE_SECONDS = 30.0  # longer than Prometheus' usual scrape interval is not needed
 GRACEFUL_SHUTDOWN_SECONDS = 10.0
 
 
-class HeaderTimeoutProtocol(H11Protocol):
-    """uvicorn's h11 protocol with a deadline for the first request's head, and TCP_NODELAY."""
+def set_nodelay(transport: asyncio.Transport) -> None:
+    # The response head and body leave in two writes; without TCP_NODELAY, Nagle
+    # holds the body until the client's delayed ACK (about 40 ms on Linux) on
+    # every keep-alive request, which is how Prometheus scrapes.
+    sock = transport.get_extra_info("socket")
+    if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+class _HeadTooLarge(Exception):
+    """Raised from a parser callback to stop llhttp once a head is over the cap."""
+
+
+class HttpToolsServerProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol (llhttp, a C parser) with the h11 protocol's protections.
+
+    About four times the requests per second of h11 on the same app, which is most
+    of a scrape's HTTP cost (bench/RESULTS.md). What it adds to uvicorn's:
+
+    * TCP_NODELAY (see :func:`set_nodelay`).
+    * A deadline for every request head, as Go's ``http.Server.ReadHeaderTimeout``:
+      the first from the moment the connection is made, each later one from the
+      moment its first bytes arrive on a kept-alive connection (Go too waits for
+      those under its idle timeout, then starts the head's deadline). A client
+      that has not completed a head by then is disconnected. This also bounds a
+      client that trickles the rest of a body the app has already answered (413, 408):
+      those bytes arrive while no request is being served.
+    * A cap on a head's size. Neither llhttp nor httptools has one (httptools
+      buffers a 10 MiB header value whole); Node, which embeds llhttp, counts head
+      bytes itself. Like Go's ``MaxHeaderBytes`` (and Node's limit), a head over
+      :data:`MAX_HEAD_BYTES` is answered ``431 Request Header Fields Too Large``
+      and the connection closed. Counted twice over: the URL and header bytes the
+      parser hands over (a whole oversized head in one read), and every read that
+      ends with a head still incomplete (what httptools is buffering unseen).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._in_head = False
+        self._head_parsed = 0  # URL and header bytes of the current head, from the parser
+        self._head_pending = 0  # bytes of reads that ended inside the current head
+        self._head_refused = False
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        # The response head and body leave in two writes; without TCP_NODELAY, Nagle
-        # holds the body until the client's delayed ACK (about 40 ms on Linux) on
-        # every keep-alive request, which is how Prometheus scrapes.
-        sock = transport.get_extra_info("socket")
-        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._head_timer = self.loop.call_later(HEADER_TIMEOUT_SECONDS, self._head_timeout)
-
-    def _head_timeout(self) -> None:
-        # ``cycle`` is set once h11 has parsed a complete request head.
-        if getattr(self, "cycle", None) is None and not self.transport.is_closing():
-            self.transport.close()
+        set_nodelay(transport)
+        self._arm_head_timer()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._head_timer.cancel()
+        self._cancel_head_timer()
         super().connection_lost(exc)
+
+    def _arm_head_timer(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(HEADER_TIMEOUT_SECONDS, self._head_timeout)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timeout(self) -> None:
+        self._head_timer = None
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self.cycle is None or self.cycle.response_complete:
+            # No request is being served: these bytes start the next head (or trail
+            # a body that was answered early); the deadline runs from now.
+            self._arm_head_timer()
+        super().data_received(data)
+        if self._in_head and not self.transport.is_closing():
+            # The whole read counts, though a pipelined one may begin with the end of
+            # earlier requests: an over-count of at most one read, for clients that
+            # pipeline (Prometheus does not).
+            self._head_pending += len(data)
+            if self._head_pending > MAX_HEAD_BYTES:
+                self._refuse_head()
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_head = True
+        self._head_parsed = self._head_pending = 0
+        self._arm_head_timer()  # a pipelined head, while an earlier request is served
+
+    def on_url(self, url: bytes) -> None:
+        self._count_head(len(url))
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._count_head(len(name) + len(value) + 4)  # ": " and CRLF
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._cancel_head_timer()
+        super().on_headers_complete()
+
+    def _count_head(self, size: int) -> None:
+        self._head_parsed += size
+        if self._head_parsed > MAX_HEAD_BYTES:
+            self._head_refused = True
+            raise _HeadTooLarge  # httptools raises HttpParserCallbackError: send_400_response
+
+    def send_400_response(self, msg: str) -> None:
+        if self._head_refused:
+            self._refuse_head()
+        else:
+            super().send_400_response(msg)
+
+    def _refuse_head(self) -> None:
+        msg = f"request head over {MAX_HEAD_BYTES} bytes"
+        self.logger.warning("Refused a request head over %d bytes.", MAX_HEAD_BYTES)
+        content = [STATUS_LINE[431]]
+        for name, value in self.server_state.default_headers:
+            content.extend([name, b": ", value, b"\r\n"])
+        content.extend([b"content-type: text/plain; charset=utf-8\r\n",
+                        b"content-length: %d\r\n" % len(msg), b"connection: close\r\n",
+                        b"\r\n", msg.encode("ascii")])
+        self.transport.write(b"".join(content))
+        self.transport.close()
+
+
+def protocol_class(name: str) -> type[asyncio.Protocol]:
+    """The server protocol ``serve(protocol=name)`` runs: ``httptools`` or ``h11``."""
+    if name == "httptools":
+        return HttpToolsServerProtocol
+    if name == "h11":
+        # Imported only when asked for: h11 costs about 20 ms of start-up.
+        from colossalai_exporter.web.h11_protocol import H11ServerProtocol
+
+        return H11ServerProtocol
+    raise ValueError(f"unknown HTTP protocol {name!r} (httptools or h11)")
 
 
 def parse_listen_address(address: str) -> tuple[str, int]:
@@ -144,14 +264,20 @@ def stop_on_signals() -> threading.Event:
 
 
 def serve(app: Any, listen_address: str, web_config: WebConfig | None = None,
-          *, name: str = "http") -> ServerHandle:
-    """Start ``app`` on ``listen_address`` in a background thread and return its handle."""
+          *, name: str = "http",
+          protocol: str | type[asyncio.Protocol] = "httptools") -> ServerHandle:
+    """Start ``app`` on ``listen_address`` in a background thread and return its handle.
+
+    ``protocol`` is ``"httptools"`` (the default, the faster parser), ``"h11"`` (pure
+    Python), or a protocol class; both named ones carry the same protections.
+    """
+    http = protocol_class(protocol) if isinstance(protocol, str) else protocol
     web_config = web_config or WebConfig()
     sock = bind_socket(listen_address)
     ssl_context = web_config.tls.ssl_context() if web_config.tls else None
     config = uvicorn.Config(
         app,
-        http=HeaderTimeoutProtocol,
+        http=http,
         ws="none",
         lifespan="off",
         log_config=None,
@@ -159,7 +285,7 @@ def serve(app: Any, listen_address: str, web_config: WebConfig | None = None,
         server_header=False,
         timeout_keep_alive=int(KEEP_ALIVE_SECONDS),
         timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN_SECONDS),
-        h11_max_incomplete_event_size=64 * 1024,  # cap on a request head's size
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,  # the h11 protocol's head cap
     )
     config.load()
     # Our own context carries min_version and client-certificate settings that

@@ -90,6 +90,8 @@ class GpuCollector:
         self.fake_scenario = (fake_scenario if fake_scenario is not None
                               else os.environ.get(FAKE_NVML_ENV) or None)
         self._lock = threading.Lock()
+        # Per scrape thread: the request begin() sent, which collect() may take as fresh.
+        self._begun = threading.local()
         self._worker: Worker | None = None
         self._stuck: list[Worker] = []
         self._closed = False
@@ -102,6 +104,25 @@ class GpuCollector:
             self._start_worker()
 
     # -- NodeCollector -------------------------------------------------------
+    def begin(self, deadline: float) -> None:
+        """Ask the worker for a reading now, so NVML works while other collectors run."""
+        self._begun.request = None
+        if not self._lock.acquire(blocking=False):
+            return  # another scrape is talking to the worker; collect() takes its turn
+        try:
+            worker = self._worker
+            if worker is None or self._closed:
+                return
+            while worker.readable(0):
+                self._receive(worker)  # answers to scrapes that gave up: stale
+            if worker.pending is None:
+                worker.request()
+            self._begun.request = worker.pending
+        except (EOFError, OSError):
+            pass  # a dead worker: collect() finds it, replaces it and says so
+        finally:
+            self._lock.release()
+
     def collect(self, deadline: float) -> list[MetricFamily]:
         """Fresh GPU families, or CollectorError, returning before ``deadline``."""
         now = time.monotonic()
@@ -144,16 +165,21 @@ class GpuCollector:
         if worker is None:
             raise CollectorError(TIMEOUT, f"{len(self._stuck)} NVML workers are stuck in the "
                                           "driver and could not be killed; not starting another")
+        begun, self._begun.request = getattr(self._begun, "request", None), None
         try:
             # Answers already waiting were asked for by a scrape that gave up:
-            # their Xid events count, their values are stale.
-            while worker.conn.poll(0):
-                self._receive(worker)
+            # their Xid events count, their values are stale; except the answer
+            # to what this scrape's begin() asked for.
+            while worker.readable(0):
+                asked = worker.pending
+                answer = self._receive(worker)
+                if answer is not None and asked is not None and asked == begun:
+                    return answer
             if worker.pending is None:
                 worker.request()
             while True:
                 remaining = end - time.monotonic()
-                if remaining <= 0 or not worker.conn.poll(remaining):
+                if remaining <= 0 or not worker.readable(remaining):
                     raise self._timed_out(worker)
                 answer = self._receive(worker)
                 if answer is not None:

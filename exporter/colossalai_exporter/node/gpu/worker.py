@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import socket
 import subprocess
 import sys
@@ -133,6 +134,10 @@ class Worker:
         finally:
             theirs.close()  # so a dead worker reads as EOF on our end
         self.conn = Connection(ours.detach())
+        # Connection.poll() builds a selector on every call (tens of microseconds,
+        # twice a scrape); one poll object, registered once, does the same check.
+        self._poller = select.poll()
+        self._poller.register(self.conn.fileno(), select.POLLIN)
         #: set once the worker answered its first initialisation
         self.ready = False
         #: id of the sample request not yet answered, if any
@@ -145,6 +150,12 @@ class Worker:
 
     def exitcode(self) -> int | None:
         return self.process.poll()
+
+    def readable(self, timeout: float) -> bool:
+        """``conn.poll(timeout)``: an answer (or EOF) waiting within ``timeout`` seconds."""
+        if self.conn.closed:
+            raise OSError("the worker's connection is closed")
+        return bool(self._poller.poll(max(0.0, timeout) * 1000))
 
     def request(self) -> int:
         self._next_id += 1
