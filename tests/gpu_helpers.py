@@ -52,6 +52,13 @@ class Scenario:
     def update(self, **data: Any) -> Scenario:
         return self.write(**{**self.data, **data})
 
+    def hung_pids(self) -> set[int]:
+        """Worker processes that entered a hang (the fake logs them)."""
+        log = Path(f"{self.path}.hung")
+        if not log.exists():
+            return set()
+        return {int(line.split()[0]) for line in log.read_text().splitlines() if line}
+
 
 def registry_of(families: Sequence[Metric]) -> CollectorRegistry:
     """A registry serving exactly ``families``, for get_sample_value and exposition."""

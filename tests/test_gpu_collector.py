@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -53,6 +54,17 @@ def make(scenario: Scenario) -> Iterator[Make]:
 
 def collect(collector: GpuCollector, budget: float = 2.0) -> Any:
     return registry_of(collector.collect(time.monotonic() + budget))
+
+
+def collect_once_started(collector: GpuCollector, within: float = 5.0) -> Any:
+    """collect(), retried while the worker reports it is still initialising."""
+    give_up = time.monotonic() + within
+    while True:
+        try:
+            return collect(collector)
+        except CollectorError as error:
+            if "still initialising" not in error.message or time.monotonic() > give_up:
+                raise
 
 
 def failure(collector: GpuCollector, budget: float = 2.0) -> CollectorError:
@@ -252,13 +264,19 @@ def test_slow_nvml_init_is_waited_for_then_replaced(scenario: Scenario, make: Ma
     assert error.reason == "timeout"
     assert "still initialising" in error.message
     assert worker_pid(collector) == pid
+    # Once the first worker is wedged for good, the scenario is healed for the
+    # one that replaces it. That one starts the moment the first is killed, so
+    # healing after the kill would race it into the hang.
+    wait_until(lambda: pid in scenario.hung_pids(), 5, what="the worker to hang in nvmlInit")
+    scenario.write(gpus=[gpu(0)])
     time.sleep(max(0.0, 1.0 - collector._worker.age()) if collector._worker else 0)
     error = failure(collector)
     assert error.reason == "timeout"
     assert "killed" in error.message
     wait_until(lambda: gone(pid), 5, what="the stuck worker to be killed")
-    scenario.write(gpus=[gpu(0)])
-    assert collect(collector).get_sample_value("colossalai_gpu_devices") == 1
+    # The replacement may still be starting (a spawn on a loaded machine can
+    # outlast the 0.3 s deadline); within init_timeout it answers "initialising".
+    assert collect_once_started(collector).get_sample_value("colossalai_gpu_devices") == 1
 
 
 def test_a_crashed_worker_is_reported_and_replaced(make: Make) -> None:
@@ -376,10 +394,14 @@ def test_bad_arguments_are_refused() -> None:
         GpuCollector(expected=-1)
 
 
-def test_a_hung_worker_exits_when_its_agent_dies(scenario: Scenario) -> None:
+def test_a_hung_worker_exits_when_its_agent_dies(scenario: Scenario, tmp_path: Path) -> None:
     # The agent crashes (no close()) while its worker hangs in nvmlInit: the
     # worker's watchdog thread must still notice and exit.
     scenario.write(gpus=[gpu(0)], hang="nvmlInit")
+    # Files, not pipes: the worker inherits the agent's stdout and stderr, and
+    # reading a pipe to its end would wait for the orphan too, under the
+    # program's own timeout; the orphan gets its own wait below.
+    out, err = tmp_path / "stdout", tmp_path / "stderr"
     program = (
         "import os, sys, time\n"
         "from colossalai_exporter.node.gpu import GpuCollector\n"
@@ -390,13 +412,35 @@ def test_a_hung_worker_exits_when_its_agent_dies(scenario: Scenario) -> None:
         "    print(exc.reason)\n"
         "print(c._worker.pid, flush=True)\n"
         "os._exit(0)\n")
-    result = subprocess.run([sys.executable, "-c", program, str(scenario.path)],
-                            capture_output=True, text=True, timeout=10, env=cli_env(),
-                            check=False)
-    assert result.returncode == 0, result.stderr
-    reason, pid = result.stdout.split()
+    with out.open("w") as stdout, err.open("w") as stderr:
+        result = subprocess.run([sys.executable, "-c", program, str(scenario.path)],
+                                stdout=stdout, stderr=stderr, timeout=10, env=cli_env(),
+                                check=False)
+    assert result.returncode == 0, err.read_text()
+    reason, pid = out.read_text().split()
     assert reason == "timeout"
     wait_until(lambda: gone(int(pid)), 5, what="the orphaned worker to exit")
+
+
+def test_a_worker_whose_agent_died_before_it_started_exits(scenario: Scenario) -> None:
+    # An agent that dies while its worker is still importing: the worker is
+    # adopted before its watchdog starts, and must still see that its agent
+    # (named on its command line, here one that already exited) is gone.
+    from colossalai_exporter.node.gpu import worker
+
+    scenario.write(gpus=[gpu(0)], hang="nvmlInit")
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True, timeout=10)
+    ours, theirs = socket.socketpair()
+    with ours, theirs:
+        orphan = subprocess.Popen(
+            [sys.executable, "-c", worker._BOOT, worker._SOURCE_ROOT, str(theirs.fileno()),
+             dead.stdout.strip(), str(scenario.path)],
+            stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), env=cli_env())
+        try:
+            assert orphan.wait(timeout=10) == 1
+        finally:
+            orphan.kill()
 
 
 def test_begin_asks_early_and_collect_takes_that_reading(scenario: Scenario, make: Make) -> None:

@@ -42,7 +42,8 @@ What each knob mimics on real hardware:
   reset and driver re-initialisation. A fresh process sees the loss once.
 - ``hang``: a function name (or a list, or ``"*"`` for every call): that call
   never returns, like NVML calls into a wedged GPU (they block in the kernel
-  driver and cannot be interrupted).
+  driver and cannot be interrupted). Test aid, no NVML counterpart: a process
+  entering a hang first appends ``PID FUNCTION`` to ``SCENARIO.hung``.
 - ``xid``: critical Xid events (``code`` as in the kernel log's "NVRM: Xid"
   lines, 79 = fallen off the bus, 48 = double-bit ECC, …). Like NVML, an
   event set delivers only events that appear after the GPU was registered,
@@ -161,6 +162,13 @@ def _scenario() -> dict[str, Any]:
     return _state.scenario
 
 
+def _record_hang(function: str) -> None:
+    """Append "PID FUNCTION" to SCENARIO.hung, so a test knows this process is
+    wedged before it changes the scenario for the processes that come after."""
+    with open(os.environ[FAKE_NVML_ENV] + ".hung", "a", encoding="utf-8") as log:
+        log.write(f"{os.getpid()} {function}\n")
+
+
 def _gpus() -> list[dict[str, Any]]:
     gpus = _scenario().get("gpus", [])
     return list(gpus)
@@ -172,6 +180,7 @@ def _enter(function: str, handle: _Handle | None = None, needs_init: bool = True
     hang = scenario.get("hang")
     hangs = [hang] if isinstance(hang, str) else list(hang or [])
     if function in hangs or "*" in hangs:
+        _record_hang(function)
         while True:  # a wedged GPU: the call never returns
             time.sleep(3600)
     code = scenario.get("errors", {}).get(function)

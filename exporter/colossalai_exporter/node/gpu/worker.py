@@ -40,9 +40,9 @@ from colossalai_exporter.node.gpu.protocol import Failure, Reading
 _ORPHAN_CHECK_SECONDS = 1.0
 
 
-def worker_main(conn: Connection, fake_scenario: str | None) -> None:
+def worker_main(conn: Connection, agent_pid: int, fake_scenario: str | None) -> None:
     """Entry point of the worker process: initialise NVML, then answer requests."""
-    _exit_when_orphaned()
+    _exit_when_orphaned(agent_pid)
     nvml: Any
     if fake_scenario:
         from colossalai_exporter.node.gpu.protocol import FAKE_NVML_ENV
@@ -91,21 +91,20 @@ def _safe_sample(reader: Any) -> Reading:
     return reading
 
 
-def _exit_when_orphaned() -> None:
+def _exit_when_orphaned(agent_pid: int) -> None:
     """Exit once the agent is gone, even while the main thread hangs in NVML.
 
     pynvml releases the GIL during calls, so this thread keeps running while
     the main thread is stuck. (PR_SET_PDEATHSIG is not used: it fires when the
     *thread* that started the worker exits, and the agent may start it from a
-    short-lived request thread.)
+    short-lived request thread.) The agent's pid comes from the agent, not from
+    our own getppid() at start: an agent that died while we were still
+    importing would otherwise leave us adopted, comparing against the adopter.
     """
-    parent = os.getppid()
-
     def watch() -> None:
-        while True:
+        while os.getppid() == agent_pid:
             time.sleep(_ORPHAN_CHECK_SECONDS)
-            if os.getppid() != parent:
-                os._exit(1)
+        os._exit(1)
 
     threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
 
@@ -124,7 +123,7 @@ class Worker:
 
     def __init__(self, fake_scenario: str | None) -> None:
         ours, theirs = socket.socketpair()
-        args = [sys.executable, "-c", _BOOT, _SOURCE_ROOT, str(theirs.fileno())]
+        args = [sys.executable, "-c", _BOOT, _SOURCE_ROOT, str(theirs.fileno()), str(os.getpid())]
         if fake_scenario:
             args.append(fake_scenario)
         self.started = time.monotonic()
@@ -190,7 +189,7 @@ class Worker:
 
 
 def main(argv: list[str]) -> int:
-    """Worker command line: ``FD [FAKE_SCENARIO]`` (FD: our end of the socketpair)."""
+    """Worker command line: ``FD AGENT_PID [FAKE_SCENARIO]`` (FD: our end of the socketpair)."""
     conn = Connection(int(argv[0]))
-    worker_main(conn, argv[1] if len(argv) > 1 else None)
+    worker_main(conn, int(argv[1]), argv[2] if len(argv) > 2 else None)
     return 0
