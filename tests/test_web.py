@@ -276,6 +276,26 @@ def test_malformed_request_gets_400_and_the_server_keeps_serving(
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("upgrade", [b"websocket", b"h2c"])
+def test_an_upgrade_request_is_served_as_http_without_warnings(
+        protocol: str, upgrade: bytes, stop_later: list[web_server.ServerHandle],
+        caplog: pytest.LogCaptureFixture) -> None:
+    app, config = hello_app()
+    handle = serve(app, "127.0.0.1:0", config, protocol=protocol)  # type: ignore[arg-type]
+    stop_later.append(handle)
+    with caplog.at_level("DEBUG", logger="uvicorn"), \
+            socket.create_connection(("127.0.0.1", handle.port), timeout=5) as sock:
+        for _ in range(2):  # and the connection stays usable
+            sock.sendall(b"GET /hello HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+                         b"Upgrade: " + upgrade + b"\r\n\r\n")
+            head, body = recv_response(sock)
+            assert head.startswith(b"HTTP/1.1 200 ") and json.loads(body) == {"hello": 0}
+    logged = [(r.levelname, r.getMessage()) for r in caplog.records if r.name.startswith("uvicorn")]
+    assert [level for level, _ in logged if level != "DEBUG"] == [], logged
+    assert any("ignored a request's Upgrade header" in message for _, message in logged)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_head_requests_and_keep_alive(protocol: str,
                                       stop_later: list[web_server.ServerHandle]) -> None:
     """HEAD: the GET's headers (length included) and no body; the connection goes on."""

@@ -13,7 +13,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from colossalai_exporter.web import server
 
 
-class H11ServerProtocol(H11Protocol):
+class H11ServerProtocol(server.IgnoresUpgrades, H11Protocol):
     """A deadline for the first request's head, and TCP_NODELAY.
 
     The head's size is capped by h11 itself (``h11_max_incomplete_event_size``,

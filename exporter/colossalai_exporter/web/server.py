@@ -50,7 +50,23 @@ class _HeadTooLarge(Exception):
     """Raised from a parser callback to stop llhttp once a head is over the cap."""
 
 
-class HttpToolsServerProtocol(HttpToolsProtocol):
+class IgnoresUpgrades:
+    """Mixin for uvicorn's protocols: an Upgrade header is ignored in one debug line.
+
+    uvicorn warns twice for every request that asks for an upgrade, advising a
+    WebSocket library to install. These servers offer no upgrade (``ws="none"``),
+    and a server may ignore Upgrade (RFC 9110, section 7.8): the request is
+    served as plain HTTP/1.1. Left as they were, those warnings let any client
+    fill the log.
+    """
+
+    logger: logging.Logger
+
+    def _unsupported_upgrade_warning(self) -> None:
+        self.logger.debug("ignored a request's Upgrade header: no protocol upgrade is offered")
+
+
+class HttpToolsServerProtocol(IgnoresUpgrades, HttpToolsProtocol):
     """uvicorn's httptools protocol (llhttp, a C parser) with the h11 protocol's protections.
 
     About four times the requests per second of h11 on the same app, which is most
