@@ -189,3 +189,78 @@ def test_a_real_rank_in_its_own_pid_namespace(tmp_path: Path) -> None:
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def ranks_threads() -> list[str]:
+    import threading
+
+    return [t.name for t in threading.enumerate() if t.name.startswith("ranks-")]
+
+
+def test_a_hung_run_directory_fails_the_collector_in_time(tmp_path: Path) -> None:
+    """A snapshot whose open() never returns (a FIFO with no writer blocks in the
+    kernel as a file on a hung mount does): the scrape fails ``timeout`` within
+    the collector's deadline, later scrapes wait for the same read instead of
+    starting another, and once the read returns the ranks are served again."""
+    from colossalai_exporter.node.base import CollectorError
+
+    before = len(ranks_threads())
+    fifo = tmp_path / "rank-0.json"
+    os.mkfifo(fifo)
+    collector = RanksCollector(tmp_path, timeout=0.3)
+    try:
+        for _ in range(3):
+            started = time.monotonic()
+            collector.begin(started + 5)
+            with pytest.raises(CollectorError) as info:
+                collector.collect(started + 5)
+            assert time.monotonic() - started < 0.3 + 0.5
+            assert info.value.reason == "timeout"
+            assert str(tmp_path) in info.value.message
+        assert len(ranks_threads()) == before + 1  # one stuck reader, not one per scrape
+
+        from colossalai_exporter import TrainingMonitor
+
+        (tmp_path / "real").mkdir()
+        TrainingMonitor(serve="none", run_dir=tmp_path / "real", rank=0, start=False).close()
+        snap = (tmp_path / "real" / "rank-0.json").read_text()  # this live process's
+        with open(fifo, "w") as writer:  # the hung open() returns; the read gets this
+            writer.write(snap)
+        wait_until(lambda: collector._reading is not None and collector._reading.done(), 5,
+                   what="the stuck read to return")
+        os.unlink(fifo)
+        (tmp_path / "rank-0.json").write_text(snap)
+        families = {f.name: f for f in collector.collect(time.monotonic() + 5)}
+        assert [s.value for s in families["colossalai_rank_up"].samples] == [1.0]
+    finally:
+        collector.close()
+
+
+def test_a_hung_read_does_not_hold_up_the_agents_exit(tmp_path: Path) -> None:
+    # Worker threads of concurrent.futures are joined at interpreter exit: a read
+    # stuck in the kernel would turn SIGTERM into a hang. Ours are daemon threads.
+    os.mkfifo(tmp_path / "rank-0.json")
+    (tmp_path / "watched").mkdir()
+    program = textwrap.dedent("""
+        import sys, time
+        from colossalai_exporter.node import disk
+        from colossalai_exporter.node.base import CollectorError
+        from colossalai_exporter.node.ranks import RanksCollector
+        collector = RanksCollector(sys.argv[1], timeout=0.2)
+        try:
+            collector.collect(time.monotonic() + 1)
+        except CollectorError as exc:
+            print(exc.reason, flush=True)
+        # A disk check stuck the same way: statvfs on a hung mount, here a sleep.
+        release = disk.check_path
+        disk.check_path = lambda watched: time.sleep(3600)
+        paths = disk.DiskCollector([disk.WatchedPath("ckpt", sys.argv[2])], timeout=0.2)
+        paths.collect(time.monotonic() + 1)
+        print("disk timed out", flush=True)
+        # return from the program normally: the interpreter's own exit must not wait
+    """)
+    result = subprocess.run([sys.executable, "-c", program, str(tmp_path),
+                             str(tmp_path / "watched")], capture_output=True, text=True,
+                            timeout=30, env=cli_env(), check=False)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split("\n")[:2] == ["timeout", "disk timed out"]

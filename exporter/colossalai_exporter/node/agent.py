@@ -2,13 +2,13 @@
 
 A scrape is synchronous and bounded: collectors run one after another in the
 scrape's thread, each handed the time left of the scrape's deadline and
-bounding itself (the gpu collector by its worker process, disk and rendezvous
-by their own worker threads), and a collector that fails or runs out of time is
+bounding itself (the gpu collector by its worker process, disk, ranks and
+rendezvous by their own worker threads), and a collector that fails or runs out of time is
 reported down with its reason while the others are served. Running them in
 sequence rather than on a pool halves the scrape time (bench/RESULTS.md);
 the worst case stays within the scrape deadline.
 
-Collectors that hand their work to another process or thread (gpu, disk) are
+Collectors that hand their work to another process or thread (gpu, disk, ranks) are
 started first (``begin``) and collected last, so that their work overlaps the
 others' instead of the scrape's thread waiting for each hand-over in turn; the
 families are still served in the collectors' order.

@@ -22,11 +22,11 @@ import stat
 import threading
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from colossalai_exporter.catalogue import family
+from colossalai_exporter.node.daemon_pool import DaemonPool
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric as MetricFamily
@@ -109,8 +109,8 @@ class DiskCollector:
         self.paths = paths
         self.timeout = timeout
         # One thread per hung path at most (see above), plus the one going in order.
-        self._pool = ThreadPoolExecutor(max_workers=max(1, min(8, 2 * len(paths))),
-                                        thread_name_prefix="disk")
+        # Daemon threads: a check stuck in the kernel must not hold up the agent's exit.
+        self._pool = DaemonPool(max_workers=min(8, 2 * len(paths)), name="disk")
         self._cond = threading.Condition()
         self._in_flight: dict[int, _Check] = {}  # checks not returned yet, by path index
         self._scrape = threading.local()  # begin() to collect(), per scrape thread
@@ -181,4 +181,4 @@ class DiskCollector:
         return [free, total, ok, failure]
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        self._pool.shutdown()

@@ -17,6 +17,14 @@ them and, for each rank, serves:
 Snapshots of dead processes older than ``forget_after`` are ignored (an old
 run's leftovers). Never imports torch.
 
+The run directory is read in a thread of its own with a deadline, as the disk
+collector checks its paths: a run directory on a hung NFS mount blocks
+``listdir`` and ``open`` in the kernel, and must fail this collector
+(``timeout``) rather than hang the scrape. The agent starts the read with
+``begin`` so it overlaps the other collectors; a read that has not returned is
+not started again, so a hung mount holds one thread, and later scrapes wait
+for that same read.
+
 A rank in another PID namespace than the agent's (a training pod without
 ``hostPID``, the agent in a container without it) writes pids that mean
 nothing here, and judging them would report every rank dead. The snapshot
@@ -28,8 +36,12 @@ left out for it, since the agent cannot know.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +50,12 @@ from prometheus_client.core import Metric as MetricFamily
 
 from colossalai_exporter import catalogue
 from colossalai_exporter.node.base import CollectorError
+from colossalai_exporter.node.daemon_pool import DaemonPool
 from colossalai_exporter.training.families import families
 from colossalai_exporter.training.snapshot import (
     default_run_dir,
     iter_snapshot_files,
     pid_namespace,
-    read_all_snapshots,
     read_snapshot,
 )
 
@@ -67,6 +79,15 @@ def process_state(pid: int, pid_start: float | None) -> tuple[bool, bool]:
     return True, status in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
 
 
+@dataclass
+class RunDirLook:
+    """One read of the run directory: every readable snapshot, by rank."""
+
+    exists: bool = True
+    snapshots: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    permission_error: str = ""
+
+
 class RanksCollector:
     """Implements :class:`~colossalai_exporter.node.base.NodeCollector`."""
 
@@ -74,37 +95,75 @@ class RanksCollector:
     reasons: tuple[str, ...] = ("permission", "timeout")
 
     def __init__(self, run_dir: Path | str | None = None, *, stale_after: float = 30.0,
-                 forget_after: float = 6 * 3600.0,
+                 forget_after: float = 6 * 3600.0, timeout: float = 2.0,
                  clock: Callable[[], float] = time.time) -> None:
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir()
         self.stale_after = stale_after
         self.forget_after = forget_after
+        self.timeout = timeout
         self._clock = clock
         self._errors = 0  # snapshot files that could not be read, since start
         self._pid_ns = pid_namespace()
+        # One reader: a read stuck in the kernel holds it, and no second one starts.
+        self._pool = DaemonPool(max_workers=1, name="ranks")
+        self._lock = threading.Lock()
+        self._reading: Future[RunDirLook] | None = None
+        self._scrape = threading.local()  # begin() to collect(), per scrape thread
 
-    def collect(self, deadline: float) -> list[MetricFamily]:
+    def begin(self, deadline: float) -> None:
+        """Start reading the run directory; collect() waits for it."""
+        self._scrape.look = self._read_async(), time.monotonic()
+
+    def _read_async(self) -> Future[RunDirLook]:
+        with self._lock:
+            # A read that returned was a scrape's; one still running is waited for again.
+            if self._reading is None or self._reading.done():
+                self._reading = self._pool.submit(self._read_run_dir)
+            return self._reading
+
+    def _read_run_dir(self) -> RunDirLook:
+        """All of this collector's file system work (it may block in the kernel)."""
         if not self.run_dir.is_dir():
-            # No run has started on this node yet: no ranks, which is not a failure.
-            return [*self._empty(), self._errors_family()]
+            return RunDirLook(exists=False)
         try:
             files = list(iter_snapshot_files(self.run_dir))
         except PermissionError as exc:
-            raise CollectorError("permission", f"cannot list {self.run_dir}: {exc}") from None
+            return RunDirLook(permission_error=f"cannot list {self.run_dir}: {exc}")
+        look = RunDirLook()
+        for rank, path in files:
+            try:
+                look.snapshots.append((rank, read_snapshot(path)))
+            except (OSError, ValueError) as exc:
+                if not isinstance(exc, FileNotFoundError):  # replaced or removed meanwhile
+                    with self._lock:
+                        self._errors += 1
+        return look
+
+    def _look(self, deadline: float) -> RunDirLook:
+        begun = getattr(self._scrape, "look", None)
+        self._scrape.look = None
+        future, start = begun or (self._read_async(), time.monotonic())
+        budget = max(0.01, min(self.timeout, deadline - start))
+        try:
+            return future.result(timeout=max(0.0, start + budget - time.monotonic()))
+        except FutureTimeout:
+            raise CollectorError("timeout", f"reading the run directory {self.run_dir} took "
+                                            f"over {budget:.2g}s (a hung mount?); later "
+                                            "scrapes wait for the same read") from None
+
+    def collect(self, deadline: float) -> list[MetricFamily]:
+        look = self._look(deadline)
+        if look.permission_error:
+            raise CollectorError("permission", look.permission_error)
+        if not look.exists:
+            # No run has started on this node yet: no ranks, which is not a failure.
+            return [*self._empty(), self._errors_family()]
         now = self._clock()
         up = catalogue.family("colossalai_rank_up")
         age = catalogue.family("colossalai_rank_snapshot_age_seconds")
         stopped = catalogue.family("colossalai_rank_process_stopped")
         training: dict[str, MetricFamily] = {}
-        for rank, path in files:
-            if time.monotonic() > deadline:
-                raise CollectorError("timeout", f"reading {len(files)} snapshots took too long")
-            try:
-                snap = read_snapshot(path)
-            except (OSError, ValueError) as exc:
-                if not isinstance(exc, FileNotFoundError):  # replaced or removed meanwhile
-                    self._errors += 1
-                continue
+        for rank, snap in look.snapshots:
             snap_age = max(0.0, now - float(snap["written"]))
             pids_mean_something = not self._other_namespace(snap.get("pid_ns"))
             if pids_mean_something:
@@ -149,8 +208,5 @@ class RanksCollector:
         return [catalogue.family(n) for n in names]
 
     def close(self) -> None:
-        """Nothing to release: the collector holds no handles between runs."""
-
-    def snapshots(self) -> list[dict[str, Any]]:
-        """Every readable snapshot in the run directory (for the agent's /health)."""
-        return read_all_snapshots(self.run_dir)
+        # A reader stuck in the kernel cannot be joined; it ends with the process.
+        self._pool.shutdown()
