@@ -116,7 +116,8 @@ def main() -> int:
     if not node_exporter:
         raise SystemExit("prometheus-node-exporter not found (apt-get install it)")
     ckpt = tempfile.mkdtemp()
-    env = dict(os.environ, PYTHONPATH=str(REPO / "exporter"))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        filter(None, [str(REPO / "exporter"), os.environ.get("PYTHONPATH")])))
     ours_port, theirs_port = free_port(), free_port()
     ours_cmd = [sys.executable, "-m", "colossalai_exporter", "node",
                 "--web.listen-address", f"127.0.0.1:{ours_port}",

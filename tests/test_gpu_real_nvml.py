@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import ctypes
+import json
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
+from colossalai_exporter import catalogue
 from colossalai_exporter.node.base import CollectorError
 from colossalai_exporter.node.gpu import GpuCollector
+from conftest import cli_env, http_get, require_binary, wait_until
 from gpu_helpers import registry_of
+from test_node_agent import scrape, value
 
 
 def _nvml_library_loads() -> bool:
@@ -82,3 +90,138 @@ def test_real_gpus_through_real_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
         assert ratio is None or 0 <= ratio <= 1
         temperature = reg.get_sample_value("colossalai_gpu_temperature_celsius", label)
         assert temperature is None or 0 < temperature < 120
+
+
+def _need_real_gpus() -> int:
+    """The number of GPUs real NVML sees; skips where there is no working GPU."""
+    if not _nvml_works():
+        pytest.skip("no NVIDIA GPU with a working driver on this machine")
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        return int(pynvml.nvmlDeviceGetCount())
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _real_nvml_env() -> dict[str, str]:
+    env = cli_env()
+    env.pop("COLOSSALAI_EXPORTER_FAKE_NVML", None)
+    return env
+
+
+@pytest.mark.gpu
+def test_the_agent_on_a_gpu_node(server_process, tmp_path: Path) -> None:
+    """The agent as a real process on real GPUs: catalogued, promtool-clean, healthy."""
+    count = _need_real_gpus()
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        driver = pynvml.nvmlSystemGetDriverVersion()
+        uuids = {pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
+                 for i in range(count)}
+    finally:
+        pynvml.nvmlShutdown()
+    driver = driver.decode() if isinstance(driver, bytes) else driver
+    uuids = {u.decode() if isinstance(u, bytes) else u for u in uuids}
+
+    agent = server_process("node", "--no-collector.rendezvous", "--disk", f"c={tmp_path}",
+                           "--gpu.expected", str(count), env=_real_nvml_env())
+    text = scrape(agent.url)
+    served = {s.name for fam in text_string_to_metric_families(text) for s in fam.samples}
+    assert served <= catalogue.known_sample_names(), served - catalogue.known_sample_names()
+    assert value(text, "colossalai_exporter_collector_up", collector="gpu") == 1
+    assert value(text, "colossalai_gpu_devices") == count
+    infos = [s for fam in text_string_to_metric_families(text) for s in fam.samples
+             if s.name == "colossalai_gpu_info"]
+    assert {s.labels["uuid"] for s in infos} == uuids
+    assert {s.labels["driver_version"] for s in infos} == {driver}
+    for index in range(count):
+        total = value(text, "colossalai_gpu_memory_total_bytes", gpu=str(index))
+        assert total is not None and total > 2**30
+
+    status, _, body = http_get(agent.url + "/health")
+    assert status == 200, body
+    assert json.loads(body)["status"] == "ok"
+    lint = subprocess.run([require_binary("promtool"), "check", "metrics"], input=text,
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+    # One GPU more than the node has: a failure that still serves the visible GPUs.
+    short = server_process("node", "--no-collector.rendezvous", "--no-collector.disk",
+                           "--gpu.expected", str(count + 1), env=_real_nvml_env())
+    text = scrape(short.url)
+    assert value(text, "colossalai_exporter_collector_up", collector="gpu") == 0
+    errors = value(text, "colossalai_exporter_collector_errors_total",
+                   collector="gpu", reason="missing_gpus")
+    assert errors is not None and errors >= 1  # one per scrape, wait_ready's included
+    assert value(text, "colossalai_gpu_memory_total_bytes", gpu="0") is not None
+    status, _, body = http_get(short.url + "/health")
+    assert status == 503
+    assert "missing_gpus" in body.decode()
+
+
+_GPU_WORK = """
+import sys, time, torch
+held = torch.empty({nbytes}, dtype=torch.uint8, device="cuda")
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+torch.cuda.synchronize()
+print("ready", flush=True)
+end = time.monotonic() + {seconds}
+while time.monotonic() < end:
+    for _ in range(20):
+        a = (a @ a).clamp_(-1, 1)
+    torch.cuda.synchronize()
+"""
+
+
+@pytest.mark.gpu
+def test_memory_and_utilization_follow_real_work(tmp_path: Path) -> None:
+    """A process holding 8 GiB and multiplying matrices shows in the next scrapes."""
+    _need_real_gpus()
+    torch_ok = subprocess.run([sys.executable, "-c", "import torch; "
+                               "assert torch.cuda.is_available()"],
+                              capture_output=True, timeout=120, check=False)
+    if torch_ok.returncode != 0:
+        pytest.skip("no CUDA build of torch here to put work on the GPU")
+
+    collector = GpuCollector(timeout=10.0)
+    held = 8 * 2**30
+
+    def totals() -> tuple[float, float]:
+        reg = registry_of(collector.collect(time.monotonic() + 10.0))
+        count = int(reg.get_sample_value("colossalai_gpu_devices") or 0)
+        labels = [{"gpu": str(i)} for i in range(count)]
+        used = sum(reg.get_sample_value("colossalai_gpu_memory_used_bytes", x) or 0
+                   for x in labels)
+        busy = max((reg.get_sample_value("colossalai_gpu_utilization_ratio", x) or 0
+                    for x in labels), default=0.0)
+        return used, busy
+
+    try:
+        before, _ = totals()
+    except BaseException:
+        collector.close()
+        raise
+    work = subprocess.Popen([sys.executable, "-c",
+                             _GPU_WORK.format(nbytes=held, seconds=60)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert work.stdout is not None
+        assert work.stdout.readline().strip() == "ready"
+
+        def busy_with_the_work() -> tuple[float, float] | None:
+            used, busy = totals()
+            return (used, busy) if used >= before + held and busy > 0 else None
+
+        seen = wait_until(busy_with_the_work, timeout=30, interval=0.5,
+                          what="8 GiB more used and a busy GPU")
+        assert seen[1] <= 1
+    finally:
+        work.kill()
+        work.wait(30)
+        if work.stdout is not None:
+            work.stdout.close()
+        collector.close()
