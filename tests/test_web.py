@@ -414,3 +414,73 @@ def test_unknown_users_cost_a_bcrypt_check_at_the_configured_cost() -> None:
     assert auth.check(header) is False
     assert auth.check("Basic " + b64encode(b"prometheus:secret").decode()) is True
     assert BasicAuthenticator({})._dummy_hash == b""  # no users: nothing hashed at start-up
+
+
+@pytest.mark.parametrize(("header", "gzip_ok"), [
+    ("gzip", True),
+    ("deflate, gzip;q=1.0, *;q=0.5", True),
+    ("GZIP", True),
+    ("x-gzip", True),
+    ("*", True),
+    ("gzip;q=0", False),
+    ("gzip;q=0.000, *", False),  # gzip refused by name wins over the wildcard
+    ("*;q=0", False),
+    ("deflate, br", False),
+    ("identity", False),
+    ("gzip;q=oops", False),
+    ("", False),
+])
+def test_gzip_is_offered_only_where_accept_encoding_allows_it(header: str,
+                                                              gzip_ok: bool) -> None:
+    from colossalai_exporter.web.metrics import accepts_gzip
+
+    assert accepts_gzip(header) is gzip_ok
+
+
+def test_metrics_are_gzipped_over_the_threshold_as_prometheus_asks(
+        stop_later: list[web_server.ServerHandle]) -> None:
+    import gzip
+
+    from prometheus_client import CollectorRegistry, Gauge
+
+    from colossalai_exporter.web import metrics_response
+    from colossalai_exporter.web.metrics import GZIP_MIN_BYTES
+
+    registry = CollectorRegistry()
+    gauge = Gauge("colossalai_test_series", "A series per label value.", ["rank"],
+                  registry=registry)
+    size = {"series": 1}
+
+    def metrics(request):  # type: ignore[no-untyped-def]
+        for rank in range(size["series"]):
+            gauge.labels(str(rank)).set(rank)
+        return metrics_response(registry, request)
+
+    app = App()
+    app.add_route("/metrics", metrics)
+    handle = serve(app, "127.0.0.1:0")
+    stop_later.append(handle)
+
+    def get(encoding: str) -> tuple[dict[str, str], bytes]:
+        request = urllib.request.Request(handle.url + "/metrics",
+                                         headers={"Accept-Encoding": encoding})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.status == 200
+            return {k.title(): v for k, v in response.headers.items()}, response.read()
+
+    # Small: sent as it is, even though gzip is accepted.
+    headers, body = get("gzip")
+    assert "Content-Encoding" not in headers
+    assert headers["Vary"] == "Accept, Accept-Encoding"
+    assert len(body) < GZIP_MIN_BYTES
+
+    size["series"] = 1000
+    plain_headers, plain = get("identity")
+    assert "Content-Encoding" not in plain_headers
+    assert len(plain) >= GZIP_MIN_BYTES
+    headers, packed = get("gzip")
+    assert headers["Content-Encoding"] == "gzip"
+    assert int(headers["Content-Length"]) == len(packed) < len(plain) / 4
+    assert gzip.decompress(packed) == plain
+    _, refused = get("gzip;q=0, identity")
+    assert refused == plain

@@ -30,6 +30,7 @@ from starlette.routing import BaseRoute, Match
 
 from colossalai_exporter import catalogue
 from colossalai_exporter.web.exposition import encode
+from colossalai_exporter.web.metrics import compress
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -205,7 +206,8 @@ def instrument(app: FastAPI, ready: Callable[[], bool] | None = None, *,
 
     async def serve_metrics(request: Request) -> Response:
         body, content_type = encode(metrics.registry, request.headers.get("accept", ""))
-        return Response(body, media_type=content_type)
+        body, headers = compress(body, request.headers.get("accept-encoding", ""))
+        return Response(body, media_type=content_type, headers=dict(headers))
 
     if health_path is not None:
         app.add_api_route(health_path, health, methods=["GET"], include_in_schema=False)
