@@ -52,8 +52,8 @@ def make(scenario: Scenario) -> Iterator[Make]:
         collector.close()
 
 
-def collect(collector: GpuCollector, budget: float = 2.0) -> Any:
-    return registry_of(collector.collect(time.monotonic() + budget))
+def collect(collector: GpuCollector, budget: float = 2.0, pending: Any = None) -> Any:
+    return registry_of(collector.collect(time.monotonic() + budget, pending))
 
 
 def collect_once_started(collector: GpuCollector, within: float = 5.0) -> Any:
@@ -67,9 +67,9 @@ def collect_once_started(collector: GpuCollector, within: float = 5.0) -> Any:
                 raise
 
 
-def failure(collector: GpuCollector, budget: float = 2.0) -> CollectorError:
+def failure(collector: GpuCollector, budget: float = 2.0, pending: Any = None) -> CollectorError:
     with pytest.raises(CollectorError) as info:
-        collector.collect(time.monotonic() + budget)
+        collector.collect(time.monotonic() + budget, pending)
     assert info.value.reason in REASONS
     return info.value
 
@@ -179,12 +179,33 @@ def test_nvml_errors_become_reasons(scenario: Scenario, make: Make, where: str, 
 def test_recovers_when_the_error_clears_without_a_new_worker(scenario: Scenario,
                                                              make: Make) -> None:
     scenario.write(gpus=[gpu(0)], errors={"nvmlInit": 9})
-    collector = make()
+    collector = make(no_driver_recheck=0)
     assert failure(collector).reason == "no_driver"
     pid = worker_pid(collector)
     scenario.write(gpus=[gpu(0)])  # the driver got loaded
     assert collect(collector).get_sample_value("colossalai_gpu_devices") == 1
     assert worker_pid(collector) == pid
+
+
+def test_no_driver_stands_for_its_recheck_interval_without_asking_the_worker(
+        scenario: Scenario, make: Make) -> None:
+    scenario.write(gpus=[gpu(0)], errors={"nvmlInit": 12})
+    collector = make(no_driver_recheck=0.5)
+    first = failure(collector)
+    assert first.reason == "no_driver"
+    assert first.message.endswith("(asked again every 0.5s)")
+    worker = collector._worker
+    assert worker is not None
+    asked = worker._next_id
+    scenario.write(gpus=[gpu(0)])  # the driver got installed
+    start = time.monotonic()
+    pending = collector.begin(start + 2)
+    assert pending is not None and pending.ready()
+    assert failure(collector, pending=pending).message == first.message
+    assert worker._next_id == asked  # answered without a round trip to the worker
+    assert time.monotonic() - start < 0.1
+    time.sleep(0.5)
+    assert collect(collector).get_sample_value("colossalai_gpu_devices") == 1
 
 
 def test_lost_gpu_fails_that_scrape_then_nvml_is_reinitialised(scenario: Scenario,
@@ -452,9 +473,9 @@ def test_begin_asks_early_and_collect_takes_that_reading(scenario: Scenario, mak
     assert worker is not None
     scenario.write(gpus=[gpu(0, temperature=77), gpu(1)])
     asked = worker._next_id
-    collector.begin(time.monotonic() + 2)
+    pending = collector.begin(time.monotonic() + 2)
     wait_until(lambda: worker.conn.poll(0), 5, what="the worker's answer")
-    reg = collect(collector)
+    reg = collect(collector, pending=pending)
     assert worker._next_id == asked + 1
     assert reg.get_sample_value("colossalai_gpu_temperature_celsius", {"gpu": "0"}) == 77
 
@@ -480,7 +501,7 @@ def test_begin_does_not_block_on_a_hung_worker(scenario: Scenario, make: Make) -
     scenario.write(gpus=[gpu(0)], hang="nvmlDeviceGetMemoryInfo")
     for _ in range(2):  # the second begin() finds a request still unanswered
         start = time.monotonic()
-        collector.begin(time.monotonic() + 0.5)
+        pending = collector.begin(time.monotonic() + 0.5)
         assert time.monotonic() - start < 0.1
-        assert failure(collector, budget=0.5).reason == "timeout"
+        assert failure(collector, budget=0.5, pending=pending).reason == "timeout"
         assert time.monotonic() - start < 0.5 + MARGIN

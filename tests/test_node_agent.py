@@ -430,8 +430,8 @@ def test_a_hung_path_holds_one_thread_and_later_scrapes_wait_for_that_check() ->
     collector = disk.DiskCollector(paths, timeout=0.3)
 
     def reasons() -> dict[str, str]:
-        collector.begin(time.monotonic() + 5)
-        families = collector.collect(time.monotonic() + 5)
+        pending = collector.begin(time.monotonic() + 5)
+        families = collector.collect(time.monotonic() + 5, pending)
         ok = next(f for f in families if f.name == "colossalai_disk_path_ok")
         failed = next(f for f in families if f.name == "colossalai_disk_path_failure")
         out = {s.labels["name"]: "ok" for s in ok.samples if s.value == 1}
@@ -478,6 +478,10 @@ def test_begun_collectors_run_last_and_families_keep_the_collectors_order() -> N
     class Begun(Inline):
         def begin(self, deadline: float) -> None:
             calls.append(f"begin {self.name}")
+
+        def collect(self, deadline: float,  # type: ignore[override]
+                    pending: object = None) -> list[GaugeMetricFamily]:
+            return super().collect(deadline)
 
     agent = Agent([Begun("first"), Inline("second"), Begun("third"), Inline("fourth")])
     names = [f.name for f in agent.collect() if f.name.startswith("test_")]

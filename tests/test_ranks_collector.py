@@ -211,9 +211,9 @@ def test_a_hung_run_directory_fails_the_collector_in_time(tmp_path: Path) -> Non
     try:
         for _ in range(3):
             started = time.monotonic()
-            collector.begin(started + 5)
+            pending = collector.begin(started + 5)
             with pytest.raises(CollectorError) as info:
-                collector.collect(started + 5)
+                collector.collect(started + 5, pending)
             assert time.monotonic() - started < 0.3 + 0.5
             assert info.value.reason == "timeout"
             assert str(tmp_path) in info.value.message

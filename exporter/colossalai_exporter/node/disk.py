@@ -7,9 +7,10 @@ thread is left to finish on its own (it cannot be interrupted).
 
 One thread checks a scrape's paths in order (one hand-over per scrape, not one
 per path; the agent starts it with ``begin`` so it runs while the other
-collectors do). Should it still be busy halfway through the deadline, say on a
-hung mount, the paths it has not reached get a thread each, so that only the
-hung path is reported ``timeout``. A path whose check from an earlier scrape has
+collectors do, and its event loop is woken when the last check returns).
+Should it still be busy halfway through the deadline, say on a hung mount,
+the paths it has not reached get a thread each, so that only the hung path is
+reported ``timeout``. A path whose check from an earlier scrape has
 not returned is not checked again: later scrapes wait for that same check, so
 a hung mount holds one thread, not one more per scrape.
 """
@@ -26,10 +27,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from colossalai_exporter.catalogue import family
+from colossalai_exporter.node.base import LoopWaker, Waiters
 from colossalai_exporter.node.daemon_pool import DaemonPool
 
 if TYPE_CHECKING:
+    import asyncio
+    from collections.abc import Callable
+
     from prometheus_client.core import Metric as MetricFamily
+
+    from colossalai_exporter.node.base import Pending
 
 REASONS = ("missing", "not_directory", "not_writable", "not_mounted", "permission",
            "timeout", "error")
@@ -80,18 +87,19 @@ def check_path(watched: WatchedPath) -> PathStatus:
 
 
 class _Check:
-    """One check of one path; ``status`` is set when it returns."""
+    """One check of one path; ``status`` is set when it returns, then ``done`` fires."""
 
-    __slots__ = ("index", "path", "status")
+    __slots__ = ("done", "index", "path", "status")
 
     def __init__(self, index: int, path: WatchedPath) -> None:
         self.index = index
         self.path = path
         self.status: PathStatus | None = None
+        self.done = Waiters()
 
 
 class _Scrape:
-    """What one scrape waits for: a check per path, and those not yet started."""
+    """What one scrape waits for: a check per path, and those not yet started (a Pending)."""
 
     __slots__ = ("checks", "start", "todo")
 
@@ -99,6 +107,16 @@ class _Scrape:
         self.start = start
         self.checks = checks
         self.todo = todo
+
+    def ready(self) -> bool:
+        return all(check.status is not None for check in self.checks)
+
+    def watch(self, loop: asyncio.AbstractEventLoop,
+              wake: Callable[[], None]) -> Callable[[], None]:
+        waker = LoopWaker(loop, wake)
+        for check in self.checks:
+            check.done.add(waker)
+        return waker.stop
 
 
 class DiskCollector:
@@ -113,11 +131,10 @@ class DiskCollector:
         self._pool = DaemonPool(max_workers=min(8, 2 * len(paths)), name="disk")
         self._cond = threading.Condition()
         self._in_flight: dict[int, _Check] = {}  # checks not returned yet, by path index
-        self._scrape = threading.local()  # begin() to collect(), per scrape thread
 
-    def begin(self, deadline: float) -> None:
+    def begin(self, deadline: float) -> Pending:
         """Start this scrape's checks; collect() waits for them."""
-        self._scrape.current = self._start()
+        return self._start()
 
     def _start(self) -> _Scrape:
         checks: list[_Check] = []
@@ -149,10 +166,10 @@ class DiskCollector:
             if self._in_flight.get(check.index) is check:
                 del self._in_flight[check.index]
             self._cond.notify_all()
+        check.done.fire()
 
-    def collect(self, deadline: float) -> list[MetricFamily]:
-        scrape = getattr(self._scrape, "current", None) or self._start()
-        self._scrape.current = None
+    def collect(self, deadline: float, pending: Pending | None = None) -> list[MetricFamily]:
+        scrape = pending if isinstance(pending, _Scrape) else self._start()
         budget = max(0.01, min(self.timeout, deadline - scrape.start))
         end = scrape.start + budget
         fallback_at = scrape.start + budget / 2

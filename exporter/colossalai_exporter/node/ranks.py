@@ -43,13 +43,13 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 from prometheus_client.core import Metric as MetricFamily
 
 from colossalai_exporter import catalogue
-from colossalai_exporter.node.base import CollectorError
+from colossalai_exporter.node.base import CollectorError, LoopWaker, Pending
 from colossalai_exporter.node.daemon_pool import DaemonPool
 from colossalai_exporter.training.families import families
 from colossalai_exporter.training.snapshot import (
@@ -58,6 +58,9 @@ from colossalai_exporter.training.snapshot import (
     pid_namespace,
     read_snapshot,
 )
+
+if TYPE_CHECKING:
+    import asyncio
 
 PID_START_TOLERANCE_SECONDS = 1.0
 
@@ -88,6 +91,23 @@ class RunDirLook:
     permission_error: str = ""
 
 
+@dataclass
+class _Read:
+    """A scrape's read of the run directory (a Pending): maybe one begun by an earlier scrape."""
+
+    future: Future[RunDirLook]
+    start: float
+
+    def ready(self) -> bool:
+        return self.future.done()
+
+    def watch(self, loop: asyncio.AbstractEventLoop,
+              wake: Callable[[], None]) -> Callable[[], None]:
+        waker = LoopWaker(loop, wake)
+        self.future.add_done_callback(waker)
+        return waker.stop
+
+
 class RanksCollector:
     """Implements :class:`~colossalai_exporter.node.base.NodeCollector`."""
 
@@ -108,11 +128,10 @@ class RanksCollector:
         self._pool = DaemonPool(max_workers=1, name="ranks")
         self._lock = threading.Lock()
         self._reading: Future[RunDirLook] | None = None
-        self._scrape = threading.local()  # begin() to collect(), per scrape thread
 
-    def begin(self, deadline: float) -> None:
+    def begin(self, deadline: float) -> _Read:
         """Start reading the run directory; collect() waits for it."""
-        self._scrape.look = self._read_async(), time.monotonic()
+        return _Read(self._read_async(), time.monotonic())
 
     def _read_async(self) -> Future[RunDirLook]:
         with self._lock:
@@ -139,10 +158,9 @@ class RanksCollector:
                         self._errors += 1
         return look
 
-    def _look(self, deadline: float) -> RunDirLook:
-        begun = getattr(self._scrape, "look", None)
-        self._scrape.look = None
-        future, start = begun or (self._read_async(), time.monotonic())
+    def _look(self, deadline: float, pending: Pending | None) -> RunDirLook:
+        read = pending if isinstance(pending, _Read) else self.begin(deadline)
+        future, start = read.future, read.start
         budget = max(0.01, min(self.timeout, deadline - start))
         try:
             return future.result(timeout=max(0.0, start + budget - time.monotonic()))
@@ -151,8 +169,8 @@ class RanksCollector:
                                             f"over {budget:.2g}s (a hung mount?); later "
                                             "scrapes wait for the same read") from None
 
-    def collect(self, deadline: float) -> list[MetricFamily]:
-        look = self._look(deadline)
+    def collect(self, deadline: float, pending: Pending | None = None) -> list[MetricFamily]:
+        look = self._look(deadline, pending)
         if look.permission_error:
             raise CollectorError("permission", look.permission_error)
         if not look.exists:

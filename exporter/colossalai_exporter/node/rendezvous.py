@@ -4,22 +4,36 @@ This is the tutorial's ``check_nccl_port``, done for every endpoint at once,
 each with its own deadline, and with the reason a connect failed. NCCL's own
 data ports are ephemeral; what can be checked from outside is the c10d store
 or MASTER_ADDR:MASTER_PORT that every rank must reach to (re)join.
+
+An address (the usual MASTER_ADDR) is connected to without blocking: ``begin``
+starts the connect, and the agent's event loop learns that it is over when
+the socket turns writable, so a dropped SYN never holds up anything but this
+endpoint's own series. A name must be resolved first, and ``getaddrinfo`` has
+no timeout and cannot be made non-blocking, so names are resolved and
+connected to in a small thread pool, bounded by the collector's deadline.
 """
 
 from __future__ import annotations
 
 import errno
 import ipaddress
+import select
 import socket
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from colossalai_exporter.catalogue import family
+from colossalai_exporter.node.base import LoopWaker
 
 if TYPE_CHECKING:
+    import asyncio
+    from collections.abc import Callable
+
     from prometheus_client.core import Metric as MetricFamily
+
+    from colossalai_exporter.node.base import Pending
 
 REASONS = ("refused", "timeout", "dns", "unreachable", "error")
 
@@ -86,6 +100,111 @@ def connect(endpoint: Endpoint, timeout: float) -> ConnectResult:
     return ConnectResult(True, time.monotonic() - start)
 
 
+class _Attempt:
+    """One non-blocking connect to an address; ``result`` once it is over."""
+
+    __slots__ = ("endpoint", "result", "sock", "start")
+
+    def __init__(self, endpoint: Endpoint, family: socket.AddressFamily) -> None:
+        self.endpoint = endpoint
+        self.result: ConnectResult | None = None
+        self.start = time.monotonic()
+        self.sock = socket.socket(family, socket.SOCK_STREAM)
+        self.sock.setblocking(False)
+        code = self.sock.connect_ex((endpoint.host, endpoint.port))
+        # Loopback and a local refusal finish at once; a remote peer takes a round trip.
+        if code not in (errno.EINPROGRESS, errno.EAGAIN):
+            self._finish(code)
+
+    def finish_writable(self) -> None:
+        """The socket turned writable (or failed): the connect is over."""
+        if self.result is None:
+            self._finish(self.sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+
+    def _finish(self, code: int) -> None:
+        seconds = time.monotonic() - self.start
+        if code == 0:
+            self.result = ConnectResult(True, seconds)
+        else:
+            self.result = ConnectResult(False, seconds,
+                                        _reason(OSError(code, errno.errorcode.get(code, ""))))
+
+
+class _Connects:
+    """One scrape's connects (a Pending): addresses without blocking, names in threads."""
+
+    def __init__(self, attempts: list[_Attempt],
+                 resolving: list[tuple[Endpoint, Future[ConnectResult]]], budget: float) -> None:
+        self.attempts = attempts
+        self.resolving = resolving
+        self.start = time.monotonic()
+        self.budget = budget
+
+    def ready(self) -> bool:
+        self._poll(0)
+        return all(a.result is not None for a in self.attempts) and \
+            all(future.done() for _, future in self.resolving)
+
+    def watch(self, loop: asyncio.AbstractEventLoop,
+              wake: Callable[[], None]) -> Callable[[], None]:
+        waker = LoopWaker(loop, wake)
+        watched: list[int] = []
+        for attempt in self.attempts:
+            if attempt.result is None:
+                fd = attempt.sock.fileno()
+
+                def writable(attempt: _Attempt = attempt, fd: int = fd) -> None:
+                    # Level-triggered: a connected socket stays writable, and would
+                    # wake the loop on every turn until it stopped watching it.
+                    loop.remove_writer(fd)
+                    attempt.finish_writable()
+                    wake()
+
+                loop.add_writer(fd, writable)
+                watched.append(fd)
+        for _, future in self.resolving:
+            future.add_done_callback(waker)
+
+        def stop() -> None:
+            for fd in watched:
+                loop.remove_writer(fd)
+            waker.stop()
+
+        return stop
+
+    def _poll(self, timeout: float) -> None:
+        """Finish the attempts whose sockets turned writable within ``timeout`` seconds."""
+        open_attempts = {a.sock.fileno(): a for a in self.attempts if a.result is None}
+        if not open_attempts:
+            return
+        poller = select.poll()
+        for fd in open_attempts:
+            poller.register(fd, select.POLLOUT)
+        for fd, _ in poller.poll(max(0, int(timeout * 1000))):
+            open_attempts[fd].finish_writable()
+
+    def results(self, deadline: float) -> list[tuple[Endpoint, ConnectResult]]:
+        """Wait (at most until the budget or ``deadline`` ends) and close the sockets."""
+        end = min(self.start + self.budget, deadline)
+        while any(a.result is None for a in self.attempts):
+            remaining = end - time.monotonic()
+            if remaining <= 0:
+                break
+            self._poll(remaining)
+        results: dict[Endpoint, ConnectResult] = {}
+        for attempt in self.attempts:
+            attempt.sock.close()
+            results[attempt.endpoint] = attempt.result or ConnectResult(
+                False, time.monotonic() - attempt.start, "timeout")
+        for endpoint, future in self.resolving:
+            remaining = max(0.0, end - time.monotonic())
+            try:
+                results[endpoint] = future.result(timeout=remaining + 0.05)
+            except TimeoutError:
+                results[endpoint] = ConnectResult(False, self.budget, "timeout")
+        return list(results.items())
+
+
 class RendezvousCollector:
     name = "rendezvous"
     reasons: tuple[str, ...] = ("error",)
@@ -93,26 +212,32 @@ class RendezvousCollector:
     def __init__(self, endpoints: list[Endpoint], timeout: float = 2.0) -> None:
         self.endpoints = endpoints
         self.timeout = timeout
+        names = [ep for ep in endpoints if not _is_ip_literal(ep.host)]
         # Threads outlive a hung getaddrinfo; a small pool bounds how many pile up.
-        self._pool = ThreadPoolExecutor(max_workers=max(1, min(8, len(endpoints))),
-                                        thread_name_prefix="rendezvous")
+        self._pool = ThreadPoolExecutor(max_workers=max(1, min(8, len(names))),
+                                        thread_name_prefix="rendezvous") if names else None
 
-    def collect(self, deadline: float) -> list[MetricFamily]:
+    def begin(self, deadline: float) -> _Connects:
+        """Start every connect; collect() waits for them."""
         budget = max(0.01, min(self.timeout, deadline - time.monotonic()))
-        if len(self.endpoints) == 1 and _is_ip_literal(self.endpoints[0].host):
-            # No name to resolve, so nothing the socket timeout does not bound: the
-            # usual single MASTER_ADDR endpoint is checked in the scrape's own thread.
-            return self._families([(self.endpoints[0], connect(self.endpoints[0], budget))])
-        futures = [(ep, self._pool.submit(connect, ep, budget)) for ep in self.endpoints]
-        results: list[tuple[Endpoint, ConnectResult]] = []
-        for endpoint, future in futures:
-            remaining = max(0.0, deadline - time.monotonic())
-            try:
-                result = future.result(timeout=min(budget, remaining) + 0.05)
-            except TimeoutError:
-                result = ConnectResult(False, budget, "timeout")
-            results.append((endpoint, result))
-        return self._families(results)
+        attempts: list[_Attempt] = []
+        resolving: list[tuple[Endpoint, Future[ConnectResult]]] = []
+        for endpoint in self.endpoints:
+            family = _ip_family(endpoint.host)
+            if family is not None:
+                try:
+                    attempts.append(_Attempt(endpoint, family))
+                except OSError:  # out of file descriptors, say: that endpoint fails alone
+                    failed: Future[ConnectResult] = Future()
+                    failed.set_result(ConnectResult(False, 0.0, "error"))
+                    resolving.append((endpoint, failed))
+            elif self._pool is not None:
+                resolving.append((endpoint, self._pool.submit(connect, endpoint, budget)))
+        return _Connects(attempts, resolving, budget)
+
+    def collect(self, deadline: float, pending: Pending | None = None) -> list[MetricFamily]:
+        connects = pending if isinstance(pending, _Connects) else self.begin(deadline)
+        return self._families(connects.results(deadline))
 
     def _families(self, results: list[tuple[Endpoint, ConnectResult]]) -> list[MetricFamily]:
         up = family("colossalai_nccl_up")
@@ -126,4 +251,5 @@ class RendezvousCollector:
         return [up, duration, failure]
 
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)

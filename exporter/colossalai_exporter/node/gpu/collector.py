@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import select
 import subprocess
 import threading
 import time
@@ -35,10 +36,11 @@ from prometheus_client.core import (
 from prometheus_client.core import Metric as MetricFamily
 
 from colossalai_exporter import catalogue
-from colossalai_exporter.node.base import CollectorError
+from colossalai_exporter.node.base import READY, CollectorError, LoopWaker
 from colossalai_exporter.node.gpu.protocol import (
     FAKE_NVML_ENV,
     MISSING_GPUS,
+    NO_DRIVER,
     NVML_ERROR,
     REASONS,
     TIMEOUT,
@@ -48,6 +50,86 @@ from colossalai_exporter.node.gpu.protocol import (
     XidEvent,
 )
 from colossalai_exporter.node.gpu.worker import Worker
+
+if TYPE_CHECKING:
+    import asyncio
+    from collections.abc import Callable
+
+    from colossalai_exporter.node.base import Pending
+
+
+# How soon a scrape waiting on the event loop looks again at a pipe it could not read.
+RETRY_SECONDS = 0.002
+
+
+class _Request:
+    """A scrape's request to the NVML worker (a Pending); ``answer`` once it is in.
+
+    The agent's event loop watches the worker's pipe and takes the answer as soon
+    as it arrives, so ``collect`` then only builds the families.
+    """
+
+    __slots__ = ("answer", "collector", "request_id", "worker")
+
+    def __init__(self, collector: GpuCollector, worker: Worker, request_id: int | None) -> None:
+        self.collector = collector
+        self.worker = worker
+        self.request_id = request_id
+        self.answer: Reading | None = None
+
+    def ready(self) -> bool:
+        return self.collector._take_answer(self)
+
+    def watch(self, loop: asyncio.AbstractEventLoop,
+              wake: Callable[[], None]) -> Callable[[], None]:
+        fd = self.worker.conn.fileno()
+        retry: asyncio.TimerHandle | None = None
+        stopped = False
+        # The answer may be received by another scrape's thread, from a pipe this
+        # loop then never sees readable again: that thread wakes the loop too.
+        answered = LoopWaker(loop, wake)
+        self.collector._on_answer.add(answered)
+
+        def readable() -> None:
+            nonlocal retry
+            retry = None
+            if self.collector._take_answer(self):
+                loop.remove_reader(fd)
+            elif self._still_readable():
+                # Something this scrape cannot receive now: another scrape's thread
+                # is receiving (it shares the answer), or the EOF of a dead worker.
+                # The fd is level-triggered and would wake the loop on every turn:
+                # look again shortly instead.
+                loop.remove_reader(fd)
+                retry = loop.call_later(RETRY_SECONDS, rewatch)
+            wake()
+
+        def rewatch() -> None:
+            if not stopped:
+                loop.add_reader(fd, readable)
+                readable()
+
+        def stop() -> None:
+            nonlocal stopped
+            stopped = True
+            answered.stop()
+            self.collector._on_answer.discard(answered)
+            if retry is not None:
+                retry.cancel()
+            loop.remove_reader(fd)
+
+        loop.add_reader(fd, readable)
+        return stop
+
+    def _still_readable(self) -> bool:
+        # Not the worker's own poll object: a scrape thread may be blocked in it
+        # (outside the collector's lock, this runs beside that thread).
+        poller = select.poll()
+        try:
+            poller.register(self.worker.conn.fileno(), select.POLLIN)
+            return bool(poller.poll(0))
+        except (OSError, ValueError):
+            return True
 
 
 class GpuCollector:
@@ -67,6 +149,12 @@ class GpuCollector:
         after their own deadline but do not replace the worker.
     :param max_stuck_workers: killed workers that have not exited yet (stuck in
         an uninterruptible driver call) beyond which no new worker is started.
+    :param no_driver_recheck: seconds for which a ``no_driver`` answer stands
+        before the worker is asked again. A node without NVIDIA's library or
+        kernel module stays so until someone installs or loads it, and asking
+        on every scrape would cost each scrape a round trip to the worker
+        (about a third of a scrape on a 2-core machine, bench/RESULTS.md);
+        0 asks every time.
 
     The worker is started by the constructor, without waiting for it.
     """
@@ -76,7 +164,8 @@ class GpuCollector:
 
     def __init__(self, timeout: float = 5.0, expected: int | None = None,
                  fake_scenario: str | None = None, init_timeout: float = 30.0,
-                 max_stuck_workers: int = 3, worker: Worker | None = None) -> None:
+                 max_stuck_workers: int = 3, worker: Worker | None = None,
+                 no_driver_recheck: float = 10.0) -> None:
         """``worker``: one already started (the agent starts it before it imports the
         rest, to boot meanwhile); by default the collector starts its own."""
         if not timeout > 0:
@@ -87,11 +176,16 @@ class GpuCollector:
         self.expected = expected
         self.init_timeout = max(init_timeout, timeout)
         self.max_stuck_workers = max_stuck_workers
+        self.no_driver_recheck = no_driver_recheck
+        # (until, message) of the last no_driver answer, while it stands.
+        self._no_driver: tuple[float, str] | None = None
+        # The last answer, with the worker and the request it answered.
+        self._answered: tuple[Worker, int, Reading] | None = None
+        # Scrapes on an event loop waiting for an answer (see _Request.watch).
+        self._on_answer: set[LoopWaker] = set()
         self.fake_scenario = (fake_scenario if fake_scenario is not None
                               else os.environ.get(FAKE_NVML_ENV) or None)
         self._lock = threading.Lock()
-        # Per scrape thread: the request begin() sent, which collect() may take as fresh.
-        self._begun = threading.local()
         self._worker: Worker | None = None
         self._stuck: list[Worker] = []
         self._closed = False
@@ -104,37 +198,75 @@ class GpuCollector:
             self._start_worker()
 
     # -- NodeCollector -------------------------------------------------------
-    def begin(self, deadline: float) -> None:
+    def begin(self, deadline: float) -> Pending | None:
         """Ask the worker for a reading now, so NVML works while other collectors run."""
-        self._begun.request = None
+        if self._known_no_driver() is not None:
+            return READY
         if not self._lock.acquire(blocking=False):
-            return  # another scrape is talking to the worker; collect() takes its turn
+            # Another scrape is waiting for the worker: its request, asked for after
+            # this scrape began, is as fresh as a new one, and its answer is shared.
+            worker = self._worker
+            asked = None if worker is None else worker.pending
+            return None if worker is None or asked is None else _Request(self, worker, asked)
         try:
             worker = self._worker
             if worker is None or self._closed:
-                return
+                return None
             while worker.readable(0):
                 self._receive(worker)  # answers to scrapes that gave up: stale
             if worker.pending is None:
                 worker.request()
-            self._begun.request = worker.pending
+            return _Request(self, worker, worker.pending)
         except (EOFError, OSError):
-            pass  # a dead worker: collect() finds it, replaces it and says so
+            return None  # a dead worker: collect() finds it, replaces it and says so
         finally:
             self._lock.release()
 
-    def collect(self, deadline: float) -> list[MetricFamily]:
+    def collect(self, deadline: float, pending: Pending | None = None) -> list[MetricFamily]:
         """Fresh GPU families, or CollectorError, returning before ``deadline``."""
+        known = self._known_no_driver()
+        if known is not None:
+            raise CollectorError(NO_DRIVER, known)
+        request = pending if isinstance(pending, _Request) else None
+        if request is not None and request.answer is not None:
+            return self._families(request.answer)  # taken while the agent's loop waited
         now = time.monotonic()
         end = min(deadline, now + self.timeout)
         # Concurrent scrapes take turns; none waits past its own deadline.
         if not self._lock.acquire(timeout=max(0.0, end - now)):
             raise CollectorError(TIMEOUT, "another scrape is still waiting for NVML")
         try:
-            reading = self._sample(end)
+            reading = self._sample(end, None if request is None else request.request_id)
         finally:
             self._lock.release()
         return self._families(reading)
+
+    def _take_answer(self, request: _Request) -> bool:
+        """Receive what the worker has sent, never waiting; True once ``request``'s
+        answer is in (``request.answer``)."""
+        if request.answer is not None:
+            return True
+        answered = self._answered
+        if answered is not None and answered[:2] == (request.worker, request.request_id):
+            request.answer = answered[2]  # received by another scrape's thread
+            return True
+        if not self._lock.acquire(blocking=False):
+            return False  # another scrape is receiving; it will share the answer
+        try:
+            worker = self._worker
+            if worker is not request.worker or self._closed:
+                return False
+            while worker.readable(0):
+                asked = worker.pending
+                answer = self._receive(worker)
+                if answer is not None and asked == request.request_id:
+                    request.answer = answer
+                    return True
+            return False
+        except (EOFError, OSError):
+            return False  # a dead worker: collect() finds it, replaces it and says so
+        finally:
+            self._lock.release()
 
     def close(self) -> None:
         """Stop the worker and kill any stuck ones."""
@@ -158,14 +290,16 @@ class GpuCollector:
         self._worker = Worker(self.fake_scenario)
         return self._worker
 
-    def _sample(self, end: float) -> Reading:
+    def _sample(self, end: float, begun: int | None) -> Reading:
         if self._closed:
             raise CollectorError(NVML_ERROR, "the gpu collector is closed")
         worker = self._worker or self._start_worker()
         if worker is None:
             raise CollectorError(TIMEOUT, f"{len(self._stuck)} NVML workers are stuck in the "
                                           "driver and could not be killed; not starting another")
-        begun, self._begun.request = getattr(self._begun, "request", None), None
+        answered = self._answered
+        if begun is not None and answered is not None and answered[:2] == (worker, begun):
+            return answered[2]  # received meanwhile, by the loop or another scrape
         try:
             # Answers already waiting were asked for by a scrape that gave up:
             # their Xid events count, their values are stale; except the answer
@@ -207,6 +341,10 @@ class GpuCollector:
         if request_id != worker.pending:
             return None
         worker.pending = None
+        # Every scrape that asked while this request was pending takes this answer.
+        self._answered = (worker, request_id, payload)
+        for waker in list(self._on_answer):
+            waker()
         return payload
 
     def _timed_out(self, worker: Worker) -> CollectorError:
@@ -230,9 +368,20 @@ class GpuCollector:
             self._last_xid[event.gpu] = event
 
     # -- families -------------------------------------------------------------
+    def _known_no_driver(self) -> str | None:
+        """The standing no_driver message, or None when the worker must be asked."""
+        known = self._no_driver
+        if known is None or time.monotonic() >= known[0]:
+            return None
+        return known[1]
+
     def _families(self, reading: Reading) -> list[MetricFamily]:
         if reading.failure is not None:
-            raise CollectorError(reading.failure.reason, reading.failure.message)
+            message = reading.failure.message
+            if reading.failure.reason == NO_DRIVER and self.no_driver_recheck > 0:
+                message += f" (asked again every {self.no_driver_recheck:g}s)"
+                self._no_driver = (time.monotonic() + self.no_driver_recheck, message)
+            raise CollectorError(reading.failure.reason, message)
         families = self._build(reading)
         visible = len(reading.gpus)
         if self.expected is not None and visible < self.expected:

@@ -44,6 +44,10 @@ What each knob mimics on real hardware:
   never returns, like NVML calls into a wedged GPU (they block in the kernel
   driver and cannot be interrupted). Test aid, no NVML counterpart: a process
   entering a hang first appends ``PID FUNCTION`` to ``SCENARIO.hung``.
+- ``slow``: ``{function name: seconds}``: that call answers, but only after
+  that long, as NVML calls do on a GPU that is busy in the driver or wakes
+  from a low power state (``nvmlInit`` without persistence mode can take
+  seconds per GPU).
 - ``xid``: critical Xid events (``code`` as in the kernel log's "NVRM: Xid"
   lines, 79 = fallen off the bus, 48 = double-bit ECC, …). Like NVML, an
   event set delivers only events that appear after the GPU was registered,
@@ -183,6 +187,9 @@ def _enter(function: str, handle: _Handle | None = None, needs_init: bool = True
         _record_hang(function)
         while True:  # a wedged GPU: the call never returns
             time.sleep(3600)
+    delay = scenario.get("slow", {}).get(function)
+    if delay:
+        time.sleep(float(delay))
     code = scenario.get("errors", {}).get(function)
     if code is not None:
         raise NVMLError(int(code))

@@ -1,0 +1,235 @@
+"""The agent's scrape on the event loop: no thread when all is well, never a blocked loop.
+
+Each test runs ``Agent.collect_async`` on a real event loop beside a ticker
+coroutine that records the longest gap between its ticks: a collector that
+blocked the loop (a hung mount, a stuck NVML call, a dropped SYN) would show
+as a gap as long as the hang.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from colossalai_exporter.node import disk
+from colossalai_exporter.node.agent import LOOP_WAIT_SECONDS, Agent
+from colossalai_exporter.node.gpu import GpuCollector
+from colossalai_exporter.node.host import HostCollector
+from colossalai_exporter.node.ranks import RanksCollector
+from colossalai_exporter.node.rendezvous import Endpoint, RendezvousCollector
+from gpu_helpers import Scenario, gpu
+
+# The longest a healthy event loop goes without running the ticker, on a loaded
+# 2-core CI machine; any hang tested here lasts far longer than this.
+LOOP_GAP_LIMIT = 0.08
+
+
+def scrape_beside_a_ticker(agent: Agent, executor_calls: list[Any] | None = None) -> tuple[
+        list[Any], float, float]:
+    """(families, seconds the scrape took, longest gap between the ticker's ticks)."""
+
+    async def main() -> tuple[list[Any], float, float]:
+        loop = asyncio.get_running_loop()
+        if executor_calls is not None:
+            real = loop.run_in_executor
+
+            def counting(*args: Any) -> Any:
+                executor_calls.append(args)
+                return real(*args)
+
+            loop.run_in_executor = counting  # type: ignore[method-assign]
+        gaps = [0.0]
+        done = asyncio.Event()
+
+        async def ticker() -> None:
+            last = time.monotonic()
+            while not done.is_set():
+                await asyncio.sleep(0.005)
+                now = time.monotonic()
+                gaps.append(now - last)
+                last = now
+
+        ticking = asyncio.create_task(ticker())
+        await asyncio.sleep(0.02)
+        start = time.monotonic()
+        families = await agent.collect_async()
+        took = time.monotonic() - start
+        done.set()
+        await ticking
+        return families, took, max(gaps)
+
+    return asyncio.run(main())
+
+
+def by_name(families: list[Any]) -> dict[str, Any]:
+    return {f.name: f for f in families}
+
+
+@pytest.fixture
+def listener() -> Iterator[int]:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        yield int(sock.getsockname()[1])
+
+
+def test_a_healthy_scrape_runs_on_the_loop_without_a_thread(tmp_path: Path, listener: int,
+                                                            ) -> None:
+    scenario = Scenario(tmp_path / "nvml.json").write(gpus=[gpu(0), gpu(1)])
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    agent = Agent([GpuCollector(timeout=5, fake_scenario=str(scenario.path)), HostCollector(),
+                   disk.DiskCollector([disk.WatchedPath("ckpt", str(tmp_path))]),
+                   RendezvousCollector([Endpoint("127.0.0.1", listener)]),
+                   RanksCollector(run_dir)])
+    try:
+        list(agent.collect())  # the NVML worker is up and answering
+        calls: list[Any] = []
+        families, _, gap = scrape_beside_a_ticker(agent, calls)
+    finally:
+        agent.close()
+    assert calls == []  # nothing was handed to a scrape thread
+    assert gap < LOOP_GAP_LIMIT
+    assert all(state.up for state in agent.states.values()), agent.states
+    fams = by_name(families)
+    assert [s.value for s in fams["colossalai_gpu_devices"].samples] == [2]
+    assert [s.value for s in fams["colossalai_nccl_up"].samples] == [1.0]
+    assert [s.value for s in fams["colossalai_disk_path_ok"].samples] == [1.0]
+    # Families keep the collectors' order, then the agent's own.
+    names = [f.name for f in families]
+    firsts = ["colossalai_gpu_devices", "colossalai_host_memory_total_bytes",
+              "colossalai_disk_free_bytes", "colossalai_nccl_up", "colossalai_rank_up",
+              "colossalai_exporter_collector_up"]
+    assert sorted(firsts, key=names.index) == firsts
+
+
+def test_a_hung_mount_is_finished_in_a_thread_and_never_blocks_the_loop(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+    real = disk.check_path
+
+    def hanging(path: disk.WatchedPath) -> disk.PathStatus:
+        if path.name == "hung":
+            release.wait(30)
+        return real(path)
+
+    monkeypatch.setattr(disk, "check_path", hanging)
+    agent = Agent([HostCollector(),
+                   disk.DiskCollector([disk.WatchedPath("hung", "/"), disk.WatchedPath("ok", "/")],
+                                      timeout=0.4)])
+    try:
+        calls: list[Any] = []
+        families, took, gap = scrape_beside_a_ticker(agent, calls)
+    finally:
+        release.set()
+        agent.close()
+    assert len(calls) == 1  # what was not ready went to a thread, once
+    assert gap < LOOP_GAP_LIMIT
+    assert LOOP_WAIT_SECONDS < took < 0.4 + 0.5
+    failure = by_name(families)["colossalai_disk_path_failure"]
+    assert {s.labels["name"]: s.labels["reason"] for s in failure.samples} == {"hung": "timeout"}
+    ok = by_name(families)["colossalai_disk_path_ok"]
+    assert {s.labels["name"]: s.value for s in ok.samples} == {"hung": 0.0, "ok": 1.0}
+    assert agent.states["host"].up
+
+
+def test_a_hung_nvml_call_times_out_without_blocking_the_loop(tmp_path: Path) -> None:
+    scenario = Scenario(tmp_path / "nvml.json").write(gpus=[gpu(0)])
+    collector = GpuCollector(timeout=0.5, fake_scenario=str(scenario.path))
+    agent = Agent([collector, HostCollector()])
+    try:
+        list(agent.collect())
+        scenario.update(hang="nvmlDeviceGetMemoryInfo")
+        _, took, gap = scrape_beside_a_ticker(agent)
+    finally:
+        agent.close()
+    assert gap < LOOP_GAP_LIMIT
+    assert took < 0.5 + LOOP_WAIT_SECONDS + 0.5
+    assert agent.states["gpu"].reason == "timeout"
+    assert agent.states["host"].up
+
+
+def test_a_dropped_syn_is_a_timeout_without_blocking_the_loop() -> None:
+    """A listener whose accept queue is full drops new SYNs, as a firewall that drops
+    packets does: the non-blocking connect stays in progress until its budget ends."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)  # never accepts
+        port = server.getsockname()[1]
+        fillers = []
+        try:
+            for _ in range(8):  # fill the accept queue until a connect hangs
+                sock = socket.socket()
+                sock.settimeout(0.2)
+                try:
+                    sock.connect(("127.0.0.1", port))
+                except TimeoutError:
+                    sock.close()
+                    break
+                fillers.append(sock)
+            else:
+                pytest.fail("the accept queue never filled")
+            agent = Agent([RendezvousCollector([Endpoint("127.0.0.1", port)], timeout=0.4)])
+            try:
+                families, took, gap = scrape_beside_a_ticker(agent)
+            finally:
+                agent.close()
+        finally:
+            for sock in fillers:
+                sock.close()
+    assert gap < LOOP_GAP_LIMIT
+    assert 0.35 < took < 0.4 + 0.5
+    failure = by_name(families)["colossalai_nccl_failure"]
+    assert [s.labels["reason"] for s in failure.samples] == ["timeout"]
+
+
+def test_a_refused_and_an_accepted_connect_finish_on_the_loop(listener: int) -> None:
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        refused = closed.getsockname()[1]
+    agent = Agent([RendezvousCollector([Endpoint("127.0.0.1", listener),
+                                        Endpoint("127.0.0.1", refused),
+                                        Endpoint("localhost", listener)])])
+    try:
+        calls: list[Any] = []
+        families, _, _ = scrape_beside_a_ticker(agent, calls)
+    finally:
+        agent.close()
+    up = {s.labels["target"]: s.value for s in by_name(families)["colossalai_nccl_up"].samples}
+    assert up == {f"127.0.0.1:{listener}": 1.0, f"127.0.0.1:{refused}": 0.0,
+                  f"localhost:{listener}": 1.0}
+    failure = by_name(families)["colossalai_nccl_failure"]
+    assert [s.labels["reason"] for s in failure.samples] == ["refused"]
+    assert calls == []  # the name was resolved in the collector's pool, not a scrape thread
+
+
+def test_a_scrape_thread_and_the_loop_share_one_nvml_answer(tmp_path: Path) -> None:
+    """A synchronous scrape (the first /health, the start-up report) holding the worker's
+    pipe does not make the loop's scrape wait for its own round trip."""
+    scenario = Scenario(tmp_path / "nvml.json").write(gpus=[gpu(0)])
+    collector = GpuCollector(timeout=5, fake_scenario=str(scenario.path))
+    agent = Agent([collector])
+    try:
+        list(agent.collect())
+        scenario.update(slow={"nvmlDeviceGetMemoryInfo": 0.3})
+        worker = collector._worker
+        assert worker is not None
+        asked = worker._next_id
+        thread = threading.Thread(target=lambda: list(agent.collect()))
+        thread.start()
+        time.sleep(0.05)  # the thread has asked and holds the pipe
+        _, took, gap = scrape_beside_a_ticker(agent)
+        thread.join(5)
+    finally:
+        agent.close()
+    assert worker._next_id == asked + 1  # one request served both
+    assert took < 0.3 + 0.2
+    assert gap < LOOP_GAP_LIMIT
+    assert agent.states["gpu"].up
