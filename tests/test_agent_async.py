@@ -20,6 +20,7 @@ import pytest
 
 from colossalai_exporter.node import disk
 from colossalai_exporter.node.agent import LOOP_WAIT_SECONDS, Agent
+from colossalai_exporter.node.blocking import BlockingCalls
 from colossalai_exporter.node.gpu import GpuCollector
 from colossalai_exporter.node.host import HostCollector
 from colossalai_exporter.node.ranks import RanksCollector
@@ -85,10 +86,12 @@ def test_a_healthy_scrape_runs_on_the_loop_without_a_thread(tmp_path: Path, list
     scenario = Scenario(tmp_path / "nvml.json").write(gpus=[gpu(0), gpu(1)])
     run_dir = tmp_path / "run"
     run_dir.mkdir()
+    fs_calls = BlockingCalls("t-fs")
     agent = Agent([GpuCollector(timeout=5, fake_scenario=str(scenario.path)), HostCollector(),
-                   disk.DiskCollector([disk.WatchedPath("ckpt", str(tmp_path))]),
+                   disk.DiskCollector([disk.WatchedPath("ckpt", str(tmp_path)),
+                                       disk.WatchedPath("root", "/")], calls=fs_calls),
                    RendezvousCollector([Endpoint("127.0.0.1", listener)]),
-                   RanksCollector(run_dir)])
+                   RanksCollector(run_dir, calls=fs_calls)])
     try:
         list(agent.collect())  # the NVML worker is up and answering
         calls: list[Any] = []
@@ -101,7 +104,7 @@ def test_a_healthy_scrape_runs_on_the_loop_without_a_thread(tmp_path: Path, list
     fams = by_name(families)
     assert [s.value for s in fams["colossalai_gpu_devices"].samples] == [2]
     assert [s.value for s in fams["colossalai_nccl_up"].samples] == [1.0]
-    assert [s.value for s in fams["colossalai_disk_path_ok"].samples] == [1.0]
+    assert [s.value for s in fams["colossalai_disk_path_ok"].samples] == [1.0, 1.0]
     # Families keep the collectors' order, then the agent's own.
     names = [f.name for f in families]
     firsts = ["colossalai_gpu_devices", "colossalai_host_memory_total_bytes",

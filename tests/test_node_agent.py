@@ -314,11 +314,11 @@ def test_agent_code_path_never_imports_torch(tmp_path: Path) -> None:
     code = f"""
 import sys, time
 from colossalai_exporter.node import cli, config as node_config
-from colossalai_exporter.node.agent import Agent, build_app
+from colossalai_exporter.node.agent import build_app
 from colossalai_exporter.flags import ArgumentParser, add_common_flags
 parser = ArgumentParser(); add_common_flags(parser, 9466); node_config.add_node_flags(parser)
 cfg = node_config.load_config(parser.parse_args(["--disk", "c={tmp_path}"]))
-agent = Agent(cli.build_collectors(cfg)); build_app(agent); list(agent.collect()); agent.close()
+agent = cli.build_agent(cfg); build_app(agent); list(agent.collect()); agent.close()
 heavy = sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "colossalai", "numpy",
                                                              "requests", "yaml")
                or m == "colossalai_exporter.training.monitor")

@@ -39,6 +39,7 @@ from prometheus_client.core import Metric as MetricFamily
 
 from colossalai_exporter.catalogue import family
 from colossalai_exporter.node.base import BegunCollector, CollectorError, NodeCollector, Pending
+from colossalai_exporter.node.blocking import BlockingCalls
 from colossalai_exporter.version import __version__
 from colossalai_exporter.web import App, Request, Response, json_response, metrics_response
 from colossalai_exporter.web.app import text_response
@@ -70,9 +71,12 @@ class CollectorState:
 class Agent:
     """Collector registry of the node agent (a prometheus_client collector itself)."""
 
-    def __init__(self, collectors: Sequence[NodeCollector], scrape_timeout: float = 8.0) -> None:
+    def __init__(self, collectors: Sequence[NodeCollector], scrape_timeout: float = 8.0,
+                 calls: BlockingCalls | None = None) -> None:
+        """``calls``: the runner of file system calls the collectors share, if any."""
         self.collectors = list(collectors)
         self.scrape_timeout = scrape_timeout
+        self._calls = calls
         self.states: dict[str, CollectorState] = {}
         for collector in self.collectors:
             reasons = dict.fromkeys((*collector.reasons, *AGENT_REASONS), 0)
@@ -80,6 +84,10 @@ class Agent:
         self._lock = threading.Lock()
 
     def _begin_all(self, deadline: float) -> dict[str, Begun]:
+        with self._calls.batch() if self._calls is not None else contextlib.nullcontext():
+            return self._begin_each(deadline)
+
+    def _begin_each(self, deadline: float) -> dict[str, Begun]:
         begun: dict[str, Begun] = {}
         for collector in self.collectors:
             begin = getattr(collector, "begin", None)

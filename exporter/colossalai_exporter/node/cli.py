@@ -20,6 +20,7 @@ from colossalai_exporter.node.config import DEFAULT_PORT, NodeConfig, add_node_f
 if TYPE_CHECKING:
     from colossalai_exporter.node.agent import Agent
     from colossalai_exporter.node.base import NodeCollector
+    from colossalai_exporter.node.blocking import BlockingCalls
     from colossalai_exporter.node.gpu.worker import Worker
 
 log = logging.getLogger("colossalai_exporter.node")
@@ -35,7 +36,21 @@ def start_gpu_worker(config: NodeConfig) -> Worker | None:
     return Worker(os.environ.get(FAKE_NVML_ENV) or None)
 
 
-def build_collectors(config: NodeConfig, gpu_worker: Worker | None = None) -> list[NodeCollector]:
+def build_agent(config: NodeConfig, gpu_worker: Worker | None = None) -> Agent:
+    """The agent with the configured collectors; it owns ``gpu_worker`` from here on."""
+    from colossalai_exporter.node.agent import Agent
+    from colossalai_exporter.node.blocking import BlockingCalls
+
+    # One runner for the disk checks and the run directory's read: a scrape's file
+    # system calls cost one hand-over to one thread (see node/blocking.py).
+    # Threads: one per hung path or run directory at most, plus one going in order.
+    fs_calls = BlockingCalls("fs", max_threads=2 + 2 * len(config.disks))
+    return Agent(build_collectors(config, gpu_worker, fs_calls),
+                 scrape_timeout=config.scrape_timeout, calls=fs_calls)
+
+
+def build_collectors(config: NodeConfig, gpu_worker: Worker | None = None,
+                     fs_calls: BlockingCalls | None = None) -> list[NodeCollector]:
     from colossalai_exporter.node.disk import DiskCollector
     from colossalai_exporter.node.host import HostCollector
     from colossalai_exporter.node.ranks import RanksCollector
@@ -50,11 +65,11 @@ def build_collectors(config: NodeConfig, gpu_worker: Worker | None = None) -> li
     if config.collectors["host"]:
         collectors.append(HostCollector())
     if config.collectors["disk"] and config.disks:
-        collectors.append(DiskCollector(config.disks))
+        collectors.append(DiskCollector(config.disks, calls=fs_calls))
     if config.collectors["rendezvous"] and config.rendezvous:
         collectors.append(RendezvousCollector(config.rendezvous, config.rendezvous_timeout))
     if config.collectors["ranks"]:
-        collectors.append(RanksCollector(config.ranks_run_dir))
+        collectors.append(RanksCollector(config.ranks_run_dir, calls=fs_calls))
     return collectors
 
 
@@ -80,13 +95,13 @@ def main(argv: list[str]) -> int:
     config = load_config(args)
     setup_logging(config.log_level, config.log_format)
     gpu_worker = start_gpu_worker(config)
-    from colossalai_exporter.node.agent import Agent, build_app
+    from colossalai_exporter.node.agent import build_app
     from colossalai_exporter.web import App, load_web_config, serve
     from colossalai_exporter.web.auth import BasicAuthenticator
     from colossalai_exporter.web.server import stop_on_signals
 
     # The agent owns the worker from here on: whatever fails below, close() stops it.
-    agent = Agent(build_collectors(config, gpu_worker), scrape_timeout=config.scrape_timeout)
+    agent = build_agent(config, gpu_worker)
     try:
         web_config = load_web_config(config.web_config_file)
         app = App(authenticator=BasicAuthenticator(web_config.basic_auth_users),

@@ -5,14 +5,16 @@ Lustre mount blocks ``statvfs`` in the kernel and would otherwise hang the
 whole scrape. A path that does not answer in time is reported ``timeout``; its
 thread is left to finish on its own (it cannot be interrupted).
 
-One thread checks a scrape's paths in order (one hand-over per scrape, not one
-per path; the agent starts it with ``begin`` so it runs while the other
-collectors do, and its event loop is woken when the last check returns).
-Should it still be busy halfway through the deadline, say on a hung mount,
-the paths it has not reached get a thread each, so that only the hung path is
-reported ``timeout``. A path whose check from an earlier scrape has
-not returned is not checked again: later scrapes wait for that same check, so
-a hung mount holds one thread, not one more per scrape.
+A scrape's paths are checked in order on one thread, which the agent shares
+with the ranks collector's read of the run directory (:mod:`.blocking`: one
+hand-over per scrape, not one per path; the agent starts the checks with
+``begin`` so they run while the other collectors do, and its event loop is
+woken when the last returns). Should that thread still be busy halfway
+through the deadline, say on a hung mount, the paths it has not reached get a
+thread each, so that only the hung path is reported ``timeout``. A path whose
+check from an earlier scrape has not returned is not checked again: later
+scrapes wait for that same check, so a hung mount holds one thread, not one
+more per scrape.
 """
 
 from __future__ import annotations
@@ -22,17 +24,17 @@ import os
 import stat
 import threading
 import time
-from collections import deque
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from colossalai_exporter.catalogue import family
 from colossalai_exporter.node.base import LoopWaker, Waiters
-from colossalai_exporter.node.daemon_pool import DaemonPool
+from colossalai_exporter.node.blocking import BlockingCalls
 
 if TYPE_CHECKING:
     import asyncio
     from collections.abc import Callable
+    from concurrent.futures import Future
 
     from prometheus_client.core import Metric as MetricFamily
 
@@ -89,24 +91,24 @@ def check_path(watched: WatchedPath) -> PathStatus:
 class _Check:
     """One check of one path; ``status`` is set when it returns, then ``done`` fires."""
 
-    __slots__ = ("done", "index", "path", "status")
+    __slots__ = ("done", "future", "index", "path", "status")
 
     def __init__(self, index: int, path: WatchedPath) -> None:
         self.index = index
         self.path = path
         self.status: PathStatus | None = None
         self.done = Waiters()
+        self.future: Future[None] | None = None
 
 
 class _Scrape:
-    """What one scrape waits for: a check per path, and those not yet started (a Pending)."""
+    """What one scrape waits for: a check per path (a Pending)."""
 
-    __slots__ = ("checks", "start", "todo")
+    __slots__ = ("checks", "start")
 
-    def __init__(self, start: float, checks: list[_Check], todo: deque[_Check]) -> None:
+    def __init__(self, start: float, checks: list[_Check]) -> None:
         self.start = start
         self.checks = checks
-        self.todo = todo
 
     def ready(self) -> bool:
         return all(check.status is not None for check in self.checks)
@@ -123,12 +125,14 @@ class DiskCollector:
     name = "disk"
     reasons: tuple[str, ...] = ("error",)
 
-    def __init__(self, paths: list[WatchedPath], timeout: float = 2.0) -> None:
+    def __init__(self, paths: list[WatchedPath], timeout: float = 2.0,
+                 calls: BlockingCalls | None = None) -> None:
+        """``calls``: the agent's runner of file system calls; by default one of its own."""
         self.paths = paths
         self.timeout = timeout
         # One thread per hung path at most (see above), plus the one going in order.
         # Daemon threads: a check stuck in the kernel must not hold up the agent's exit.
-        self._pool = DaemonPool(max_workers=min(8, 2 * len(paths)), name="disk")
+        self._calls = calls or BlockingCalls("disk", max_threads=min(8, 2 * len(paths)))
         self._cond = threading.Condition()
         self._in_flight: dict[int, _Check] = {}  # checks not returned yet, by path index
 
@@ -138,26 +142,18 @@ class DiskCollector:
 
     def _start(self) -> _Scrape:
         checks: list[_Check] = []
-        todo: deque[_Check] = deque()
+        new: list[_Check] = []
         with self._cond:
             for index, watched in enumerate(self.paths):
                 check = self._in_flight.get(index)
                 if check is None:
                     check = self._in_flight[index] = _Check(index, watched)
-                    todo.append(check)
+                    new.append(check)
                 checks.append(check)
-        scrape = _Scrape(time.monotonic(), checks, todo)
-        if todo:
-            self._pool.submit(self._check_in_order, todo)
+        scrape = _Scrape(time.monotonic(), checks)
+        for check in new:
+            check.future = self._calls.submit(self._check, check)
         return scrape
-
-    def _check_in_order(self, todo: deque[_Check]) -> None:
-        while True:
-            with self._cond:
-                if not todo:
-                    return
-                check = todo.popleft()
-            self._check(check)
 
     def _check(self, check: _Check) -> None:
         status = check_path(check.path)
@@ -173,15 +169,18 @@ class DiskCollector:
         budget = max(0.01, min(self.timeout, deadline - scrape.start))
         end = scrape.start + budget
         fallback_at = scrape.start + budget / 2
+        separated = False
         with self._cond:
             while any(check.status is None for check in scrape.checks):
                 now = time.monotonic()
                 if now >= end:
                     break
-                if scrape.todo and now >= fallback_at:
-                    while scrape.todo:  # the paths behind a slow one: a thread each
-                        self._pool.submit(self._check, scrape.todo.popleft())
-                self._cond.wait((fallback_at if scrape.todo else end) - now)
+                if not separated and now >= fallback_at:
+                    # The paths still queued behind a slow one: a thread each.
+                    separated = True
+                    self._calls.separate(check.future for check in scrape.checks
+                                         if check.status is None and check.future is not None)
+                self._cond.wait((end if separated else fallback_at) - now)
             statuses = [check.status or PathStatus(False, "timeout") for check in scrape.checks]
         free = family("colossalai_disk_free_bytes")
         total = family("colossalai_disk_total_bytes")
@@ -198,4 +197,4 @@ class DiskCollector:
         return [free, total, ok, failure]
 
     def close(self) -> None:
-        self._pool.shutdown()
+        self._calls.shutdown()

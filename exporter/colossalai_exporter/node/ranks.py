@@ -50,7 +50,7 @@ from prometheus_client.core import Metric as MetricFamily
 
 from colossalai_exporter import catalogue
 from colossalai_exporter.node.base import CollectorError, LoopWaker, Pending
-from colossalai_exporter.node.daemon_pool import DaemonPool
+from colossalai_exporter.node.blocking import BlockingCalls
 from colossalai_exporter.training.families import families
 from colossalai_exporter.training.snapshot import (
     default_run_dir,
@@ -116,7 +116,9 @@ class RanksCollector:
 
     def __init__(self, run_dir: Path | str | None = None, *, stale_after: float = 30.0,
                  forget_after: float = 6 * 3600.0, timeout: float = 2.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 clock: Callable[[], float] = time.time,
+                 calls: BlockingCalls | None = None) -> None:
+        """``calls``: the agent's runner of file system calls; by default one of its own."""
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir()
         self.stale_after = stale_after
         self.forget_after = forget_after
@@ -124,8 +126,8 @@ class RanksCollector:
         self._clock = clock
         self._errors = 0  # snapshot files that could not be read, since start
         self._pid_ns = pid_namespace()
-        # One reader: a read stuck in the kernel holds it, and no second one starts.
-        self._pool = DaemonPool(max_workers=1, name="ranks")
+        # A read stuck in the kernel holds one thread, and no second read starts.
+        self._calls = calls or BlockingCalls("ranks", max_threads=2)
         self._lock = threading.Lock()
         self._reading: Future[RunDirLook] | None = None
 
@@ -137,7 +139,7 @@ class RanksCollector:
         with self._lock:
             # A read that returned was a scrape's; one still running is waited for again.
             if self._reading is None or self._reading.done():
-                self._reading = self._pool.submit(self._read_run_dir)
+                self._reading = self._calls.submit(self._read_run_dir)
             return self._reading
 
     def _read_run_dir(self) -> RunDirLook:
@@ -163,6 +165,11 @@ class RanksCollector:
         future, start = read.future, read.start
         budget = max(0.01, min(self.timeout, deadline - start))
         try:
+            try:
+                return future.result(timeout=max(0.0, start + budget / 2 - time.monotonic()))
+            except FutureTimeout:
+                # Queued behind a disk check on a hung mount, say: a thread of its own.
+                self._calls.separate([future])
             return future.result(timeout=max(0.0, start + budget - time.monotonic()))
         except FutureTimeout:
             raise CollectorError("timeout", f"reading the run directory {self.run_dir} took "
@@ -227,4 +234,4 @@ class RanksCollector:
 
     def close(self) -> None:
         # A reader stuck in the kernel cannot be joined; it ends with the process.
-        self._pool.shutdown()
+        self._calls.shutdown()
