@@ -44,8 +44,11 @@ PY
 kill "$agent"; wait "$agent"
 promtool check metrics < "$out/metrics.txt" || rc=1
 
-echo "== node agent vs node_exporter, gpu collector on real GPUs"
+echo "== node agent vs node_exporter, gpu collector on real GPUs, scraped as Prometheus does"
 "$py" bench/node_scrape.py --scrapes 300 --starts 3 2>&1 | tee "$out/node_scrape.txt" || rc=1
+echo "== the same without asking for gzip"
+"$py" bench/node_scrape.py --scrapes 300 --starts 3 --accept-encoding identity 2>&1 \
+  | tee "$out/node_scrape_identity.txt" || rc=1
 echo "== the same without the gpu collector"
 "$py" bench/node_scrape.py --scrapes 300 --starts 3 -- --no-collector.gpu 2>&1 \
   | tee "$out/node_scrape_no_gpu.txt" || rc=1
