@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -164,3 +167,49 @@ def server_process() -> Iterator[Callable[..., ServerProcess]]:
     yield start
     for proc in started:
         proc.close()
+
+
+@contextlib.contextmanager
+def syn_dropping_port() -> Iterator[int]:
+    """A loopback port whose accept queue is full, so that it drops new SYNs as a
+    firewall that drops packets does: a connect to it hangs until its timeout."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen(0)  # never accepts
+        port = int(server.getsockname()[1])
+        fillers = []
+        try:
+            for _ in range(8):  # fill the accept queue until a connect hangs
+                sock = socket.socket()
+                sock.settimeout(0.2)
+                try:
+                    sock.connect(("127.0.0.1", port))
+                except TimeoutError:
+                    sock.close()
+                    break
+                fillers.append(sock)
+            else:
+                pytest.fail("the accept queue never filled")
+            yield port
+        finally:
+            for sock in fillers:
+                sock.close()
+
+
+@pytest.fixture
+def hung_disk_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
+    """Disk checks of a watched path named "hung" block, as a stat on a hung NFS mount
+    does, until the event is set (at the latest when the test ends)."""
+    from colossalai_exporter.node import disk
+
+    release = threading.Event()
+    real = disk.check_path
+
+    def hanging(path: disk.WatchedPath) -> disk.PathStatus:
+        if path.name == "hung":
+            release.wait(30)
+        return real(path)
+
+    monkeypatch.setattr(disk, "check_path", hanging)
+    yield release
+    release.set()

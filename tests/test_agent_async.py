@@ -25,6 +25,7 @@ from colossalai_exporter.node.gpu import GpuCollector
 from colossalai_exporter.node.host import HostCollector
 from colossalai_exporter.node.ranks import RanksCollector
 from colossalai_exporter.node.rendezvous import Endpoint, RendezvousCollector
+from conftest import syn_dropping_port
 from gpu_helpers import Scenario, gpu
 
 # The longest a healthy event loop goes without running the ticker, on a loaded
@@ -114,16 +115,7 @@ def test_a_healthy_scrape_runs_on_the_loop_without_a_thread(tmp_path: Path, list
 
 
 def test_a_hung_mount_is_finished_in_a_thread_and_never_blocks_the_loop(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    release = threading.Event()
-    real = disk.check_path
-
-    def hanging(path: disk.WatchedPath) -> disk.PathStatus:
-        if path.name == "hung":
-            release.wait(30)
-        return real(path)
-
-    monkeypatch.setattr(disk, "check_path", hanging)
+        hung_disk_path: threading.Event) -> None:
     agent = Agent([HostCollector(),
                    disk.DiskCollector([disk.WatchedPath("hung", "/"), disk.WatchedPath("ok", "/")],
                                       timeout=0.4)])
@@ -131,7 +123,7 @@ def test_a_hung_mount_is_finished_in_a_thread_and_never_blocks_the_loop(
         calls: list[Any] = []
         families, took, gap = scrape_beside_a_ticker(agent, calls)
     finally:
-        release.set()
+        hung_disk_path.set()
         agent.close()
     assert len(calls) == 1  # what was not ready went to a thread, once
     assert gap < LOOP_GAP_LIMIT
@@ -160,33 +152,14 @@ def test_a_hung_nvml_call_times_out_without_blocking_the_loop(tmp_path: Path) ->
 
 
 def test_a_dropped_syn_is_a_timeout_without_blocking_the_loop() -> None:
-    """A listener whose accept queue is full drops new SYNs, as a firewall that drops
-    packets does: the non-blocking connect stays in progress until its budget ends."""
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(0)  # never accepts
-        port = server.getsockname()[1]
-        fillers = []
+    """A SYN that is dropped, as a firewall drops packets: the non-blocking connect
+    stays in progress until its budget ends."""
+    with syn_dropping_port() as port:
+        agent = Agent([RendezvousCollector([Endpoint("127.0.0.1", port)], timeout=0.4)])
         try:
-            for _ in range(8):  # fill the accept queue until a connect hangs
-                sock = socket.socket()
-                sock.settimeout(0.2)
-                try:
-                    sock.connect(("127.0.0.1", port))
-                except TimeoutError:
-                    sock.close()
-                    break
-                fillers.append(sock)
-            else:
-                pytest.fail("the accept queue never filled")
-            agent = Agent([RendezvousCollector([Endpoint("127.0.0.1", port)], timeout=0.4)])
-            try:
-                families, took, gap = scrape_beside_a_ticker(agent)
-            finally:
-                agent.close()
+            families, took, gap = scrape_beside_a_ticker(agent)
         finally:
-            for sock in fillers:
-                sock.close()
+            agent.close()
     assert gap < LOOP_GAP_LIMIT
     assert 0.35 < took < 0.4 + 0.5
     failure = by_name(families)["colossalai_nccl_failure"]

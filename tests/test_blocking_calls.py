@@ -89,18 +89,9 @@ def test_errors_come_back_and_shutdown_cancels_what_has_not_started() -> None:
 
 
 def test_a_hung_disk_check_does_not_hold_up_the_ranks_read_behind_it(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, hung_disk_path: threading.Event) -> None:
     """Disk checks and the run directory's read share the agent's runner; a hang in
     one must cost the other at most half its deadline, never the whole scrape."""
-    release = threading.Event()
-    real = disk.check_path
-
-    def hanging(path: disk.WatchedPath) -> disk.PathStatus:
-        if path.name == "hung":
-            release.wait(30)
-        return real(path)
-
-    monkeypatch.setattr(disk, "check_path", hanging)
     calls = BlockingCalls("t-shared", slow_after=10)  # queue strictly behind the hang
     disks = disk.DiskCollector([disk.WatchedPath("hung", "/")], timeout=0.4, calls=calls)
     ranks = RanksCollector(tmp_path, timeout=0.4, calls=calls)
@@ -115,7 +106,7 @@ def test_a_hung_disk_check_does_not_hold_up_the_ranks_read_behind_it(
             "colossalai_disk_path_failure"]
         assert [s.labels["reason"] for s in failure.samples] == ["timeout"]
     finally:
-        release.set()
+        hung_disk_path.set()
         calls.shutdown()
 
 

@@ -14,7 +14,17 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from colossalai_exporter import catalogue
-from conftest import REPO, cli_env, free_port, http_get, is_root, require, require_binary, run_cli
+from conftest import (
+    REPO,
+    cli_env,
+    free_port,
+    http_get,
+    is_root,
+    require,
+    require_binary,
+    run_cli,
+    syn_dropping_port,
+)
 
 GOLDEN = REPO / "tests" / "golden" / "node_agent_names.txt"
 NO_GPU = "--no-collector.gpu"
@@ -188,31 +198,19 @@ def test_master_addr_is_the_default_rendezvous_target(server_process, listener: 
     assert value(scrape(agent.url), "colossalai_nccl_up", target=f"127.0.0.1:{listener}") == 1
 
 
-def test_hung_mount_does_not_block_the_scrape() -> None:
+def test_hung_mount_does_not_block_the_scrape(hung_disk_path: object) -> None:
     """A stat that never returns (a hung NFS mount) is reported as timeout in time."""
-    import threading
     import time
 
     from colossalai_exporter.node import disk
 
-    release = threading.Event()
-    real = disk.check_path
-
-    def hanging(path: disk.WatchedPath) -> disk.PathStatus:
-        if path.name == "hung":
-            release.wait(30)
-        return real(path)
-
     collector = disk.DiskCollector([disk.WatchedPath("hung", "/"), disk.WatchedPath("ok", "/")],
                                    timeout=0.3)
-    original, disk.check_path = disk.check_path, hanging
     try:
         start = time.monotonic()
         families = collector.collect(time.monotonic() + 5)
         elapsed = time.monotonic() - start
     finally:
-        disk.check_path = original
-        release.set()
         collector.close()
     assert elapsed < 1.0
     failure = next(f for f in families if f.name == "colossalai_disk_path_failure")
@@ -370,38 +368,18 @@ def test_host_memory_from_proc_meminfo_agrees_with_psutil(tmp_path: Path) -> Non
 
 
 def test_an_endpoint_that_never_answers_is_a_timeout_within_its_budget() -> None:
-    """A listener whose accept queue is full drops new SYNs, as a firewall that drops
-    packets does: the connect hangs. An IP endpoint is checked in the scrape's own
-    thread, bounded by the socket timeout."""
+    """A SYN that is dropped, as a firewall drops packets: the connect to an address,
+    made without blocking, is a timeout once the collector's budget is spent."""
     import time
 
     from colossalai_exporter.node.rendezvous import Endpoint, RendezvousCollector
 
-    with socket.socket() as server:
-        server.bind(("127.0.0.1", 0))
-        server.listen(0)  # never accepts
-        port = server.getsockname()[1]
-        fillers = []
-        try:
-            for _ in range(8):  # fill the accept queue until a connect hangs
-                sock = socket.socket()
-                sock.settimeout(0.2)
-                try:
-                    sock.connect(("127.0.0.1", port))
-                except TimeoutError:
-                    sock.close()
-                    break
-                fillers.append(sock)
-            else:
-                pytest.fail("the accept queue never filled")
-            collector = RendezvousCollector([Endpoint("127.0.0.1", port)], timeout=0.5)
-            start = time.monotonic()
-            families = collector.collect(time.monotonic() + 5)
-            elapsed = time.monotonic() - start
-            collector.close()
-        finally:
-            for sock in fillers:
-                sock.close()
+    with syn_dropping_port() as port:
+        collector = RendezvousCollector([Endpoint("127.0.0.1", port)], timeout=0.5)
+        start = time.monotonic()
+        families = collector.collect(time.monotonic() + 5)
+        elapsed = time.monotonic() - start
+        collector.close()
     assert 0.4 < elapsed < 1.5, elapsed
     failure = next(f for f in families if f.name == "colossalai_nccl_failure")
     assert [s.labels["reason"] for s in failure.samples] == ["timeout"]

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
-from colossalai_exporter.node.daemon_pool import DaemonPool
+from colossalai_exporter.node.daemon_pool import DaemonPool, run_into
 
 T = TypeVar("T")
 
@@ -97,7 +97,7 @@ class BlockingCalls:
             for call in calls:
                 self._queue.remove(call)
         for call in calls:
-            self._start(self._run, call)
+            self._start(run_into, *call)
 
     def shutdown(self) -> None:
         """Cancel what has not started and let idle threads end; never waits."""
@@ -120,18 +120,6 @@ class BlockingCalls:
                     return
                 call = self._queue.popleft()
                 self._runners[runner] = time.monotonic()
-            self._run(call)
+            run_into(*call)
             with self._lock:
                 self._runners[runner] = None
-
-    @staticmethod
-    def _run(call: _Call) -> None:
-        future, fn, args = call
-        if not future.set_running_or_notify_cancel():
-            return
-        try:
-            result = fn(*args)
-        except BaseException as exc:  # the caller sees it through the future
-            future.set_exception(exc)
-        else:
-            future.set_result(result)

@@ -23,6 +23,18 @@ T = TypeVar("T")
 _Task = tuple[Future[Any], Callable[..., Any], tuple[Any, ...]]
 
 
+def run_into(future: Future[Any], fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """``fn(*args)`` into ``future`` (its result or exception), unless it was cancelled."""
+    if not future.set_running_or_notify_cancel():
+        return
+    try:
+        result = fn(*args)
+    except BaseException as exc:  # the caller sees it through the future
+        future.set_exception(exc)
+    else:
+        future.set_result(result)
+
+
 class DaemonPool:
     """Up to ``max_workers`` daemon threads, started as work arrives, kept for reuse."""
 
@@ -55,16 +67,8 @@ class DaemonPool:
             task = self._queue.get()
             if task is None:
                 return
-            future, fn, args = task
+            run_into(*task)
             del task
-            if future.set_running_or_notify_cancel():
-                try:
-                    result = fn(*args)
-                except BaseException as exc:  # the caller sees it through the future
-                    future.set_exception(exc)
-                else:
-                    future.set_result(result)
-            del future
             self._idle.release()
 
     def shutdown(self) -> None:
