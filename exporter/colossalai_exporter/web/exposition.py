@@ -35,6 +35,8 @@ _NEUTRAL_ESCAPINGS = (openmetrics.UNDERSCORES, openmetrics.ALLOWUTF8)
 _OM_ONLY_SUFFIXES = ("_created", "_gsum", "_gcount")
 _INF = float("inf")
 _LABEL_TEXT: dict[tuple[tuple[str, str], ...], str] = {}
+_SERIES_TEXT: dict[tuple[str, tuple[tuple[str, str], ...]], str] = {}
+_HEADER_TEXT: dict[tuple[str, str, str, str, bool], str] = {}
 _LABEL_TEXT_MAX = 20_000
 _TEXT_TYPES = {"info": "gauge", "stateset": "gauge", "gaugehistogram": "histogram",
                "unknown": "untyped"}
@@ -89,6 +91,54 @@ def _labels(labels: dict[str, str]) -> str:
     return text
 
 
+def _series(name: str, labels: dict[str, str]) -> str:
+    """``name{labels}`` of a sample, escaped and joined once per series.
+
+    Keyed by the labels in the order the family gave them (a family gives its
+    labels in one order), to spare the sort that the label text's own key takes.
+    """
+    key = (name, tuple(labels.items()))
+    text = _SERIES_TEXT.get(key)
+    if text is None:
+        if len(_SERIES_TEXT) >= _LABEL_TEXT_MAX:
+            _SERIES_TEXT.clear()
+        text = _metric_name(name) + _labels(labels)
+        _SERIES_TEXT[key] = text
+    return text
+
+
+def _header(metric: Metric, openmetrics: bool) -> str:
+    """A family's HELP, TYPE (and UNIT) lines, written once per family and format."""
+    key = (metric.name, metric.type, metric.documentation, metric.unit, openmetrics)
+    text = _HEADER_TEXT.get(key)
+    if text is None:
+        if len(_HEADER_TEXT) >= _LABEL_TEXT_MAX:
+            _HEADER_TEXT.clear()
+        text = _openmetrics_header(metric) if openmetrics else _text_header(metric)
+        _HEADER_TEXT[key] = text
+    return text
+
+
+def _text_header(metric: Metric) -> str:
+    base = _metric_name(metric.name)
+    name = base + "_total" if metric.type == "counter" else \
+        base + "_info" if metric.type == "info" else base
+    mtype = _TEXT_TYPES.get(metric.type, metric.type)
+    return f"# HELP {name} {_text_help(metric)}\n# TYPE {name} {mtype}\n"
+
+
+def _text_help(metric: Metric) -> str:
+    return metric.documentation.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _openmetrics_header(metric: Metric) -> str:
+    name = _metric_name(metric.name)
+    text = f"# HELP {name} {_label_value(metric.documentation)}\n# TYPE {name} {metric.type}\n"
+    if metric.unit:
+        text += f"# UNIT {name} {metric.unit}\n"
+    return text
+
+
 def _check_plain(sample: object) -> None:
     if getattr(sample, "exemplar", None) is not None or \
             getattr(sample, "native_histogram", None) is not None:
@@ -101,16 +151,11 @@ def encode_text(families: Iterable[Metric]) -> bytes:
     append = out.append
     for metric in families:
         base = _metric_name(metric.name)
-        name = base + "_total" if metric.type == "counter" else \
-            base + "_info" if metric.type == "info" else base
-        mtype = _TEXT_TYPES.get(metric.type, metric.type)
-        help_text = metric.documentation.replace("\\", "\\\\").replace("\n", "\\n")
-        append(f"# HELP {name} {help_text}\n# TYPE {name} {mtype}\n")
+        append(_header(metric, openmetrics=False))
         moved: dict[str, list[str]] = {}
         for sample in metric.samples:
             _check_plain(sample)
-            line = f"{_metric_name(sample.name)}{_labels(sample.labels)} " \
-                   f"{_go_float(sample.value)}"
+            line = f"{_series(sample.name, sample.labels)} {_go_float(sample.value)}"
             if sample.timestamp is not None:
                 line += f" {int(float(sample.timestamp) * 1000):d}"
             line += "\n"
@@ -120,7 +165,7 @@ def encode_text(families: Iterable[Metric]) -> bytes:
             else:
                 append(line)
         for suffix, lines in sorted(moved.items()):
-            append(f"# HELP {base}{suffix} {help_text}\n# TYPE {base}{suffix} gauge\n")
+            append(f"# HELP {base}{suffix} {_text_help(metric)}\n# TYPE {base}{suffix} gauge\n")
             out.extend(lines)
     return "".join(out).encode()
 
@@ -130,16 +175,12 @@ def encode_openmetrics(families: Iterable[Metric]) -> bytes:
     out: list[str] = []
     append = out.append
     for metric in families:
-        name = _metric_name(metric.name)
-        append(f"# HELP {name} {_label_value(metric.documentation)}\n"
-               f"# TYPE {name} {metric.type}\n")
-        if metric.unit:
-            append(f"# UNIT {name} {metric.unit}\n")
+        append(_header(metric, openmetrics=True))
         for sample in metric.samples:
             _check_plain(sample)
             value = "" if sample.value is None else _go_float(sample.value)
             timestamp = "" if sample.timestamp is None else f" {sample.timestamp}"
-            append(f"{_metric_name(sample.name)}{_labels(sample.labels)} {value}{timestamp}\n")
+            append(f"{_series(sample.name, sample.labels)} {value}{timestamp}\n")
     append("# EOF\n")
     return "".join(out).encode()
 
