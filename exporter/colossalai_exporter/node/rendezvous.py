@@ -17,10 +17,12 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import math
 import select
 import socket
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -180,7 +182,7 @@ class _Connects:
         poller = select.poll()
         for fd in open_attempts:
             poller.register(fd, select.POLLOUT)
-        for fd, _ in poller.poll(max(0, int(timeout * 1000))):
+        for fd, _ in poller.poll(max(0, math.ceil(timeout * 1000))):
             open_attempts[fd].finish_writable()
 
     def results(self, deadline: float) -> list[tuple[Endpoint, ConnectResult]]:
@@ -200,7 +202,7 @@ class _Connects:
             remaining = max(0.0, end - time.monotonic())
             try:
                 results[endpoint] = future.result(timeout=remaining + 0.05)
-            except TimeoutError:
+            except FutureTimeout:  # not the builtin TimeoutError before Python 3.11
                 results[endpoint] = ConnectResult(False, self.budget, "timeout")
         return list(results.items())
 
@@ -237,7 +239,8 @@ class RendezvousCollector:
 
     def collect(self, deadline: float, pending: Pending | None = None) -> list[MetricFamily]:
         connects = pending if isinstance(pending, _Connects) else self.begin(deadline)
-        return self._families(connects.results(deadline))
+        results = dict(connects.results(deadline))
+        return self._families([(ep, results[ep]) for ep in self.endpoints if ep in results])
 
     def _families(self, results: list[tuple[Endpoint, ConnectResult]]) -> list[MetricFamily]:
         up = family("colossalai_nccl_up")

@@ -118,7 +118,7 @@ class Prober:
         except NotAllowed as exc:
             self.stats.cancelled()
             return self.reject(403, "not_allowed", str(exc))
-        except TimeoutError:
+        except (TimeoutError, asyncio.TimeoutError):  # the same class only from Python 3.11
             # Stuck past every socket timeout (a slow drip of bytes): shut its socket and
             # report; the worker thread ends on its own once its socket is closed.
             probe.abort()
