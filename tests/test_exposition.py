@@ -156,7 +156,9 @@ def test_what_only_the_library_writes_goes_to_the_library_collected_once() -> No
 
 
 def test_the_node_agents_families(tmp_path: Path) -> None:
-    from colossalai_exporter.node.agent import Agent, build_registry
+    from prometheus_client import CollectorRegistry, ProcessCollector
+
+    from colossalai_exporter.node.agent import Agent
     from colossalai_exporter.node.disk import DiskCollector, WatchedPath
     from colossalai_exporter.node.gpu import GpuCollector
     from colossalai_exporter.node.host import HostCollector
@@ -172,10 +174,13 @@ def test_the_node_agents_families(tmp_path: Path) -> None:
                    DiskCollector([WatchedPath("checkpoints", str(tmp_path)),
                                   WatchedPath("nvme_offload", str(tmp_path / "missing"))]),
                    RendezvousCollector([Endpoint("127.0.0.1", dead_port)], timeout=1.0)])
+    registry = CollectorRegistry(auto_describe=False)  # what the agent's /metrics serves
+    registry.register(agent)
+    ProcessCollector(registry=registry)
     try:
         deadline = time.monotonic() + 30  # the NVML worker's first answer
         while True:
-            families = list(build_registry(agent).collect())
+            families = list(registry.collect())
             if agent.states["gpu"].up or time.monotonic() > deadline:
                 break
             time.sleep(0.1)

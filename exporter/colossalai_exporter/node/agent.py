@@ -34,7 +34,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
-from prometheus_client import CollectorRegistry, ProcessCollector
+from prometheus_client import ProcessCollector
 from prometheus_client.core import Metric as MetricFamily
 
 from colossalai_exporter.catalogue import family
@@ -261,13 +261,6 @@ LANDING = """<!doctype html>
 <ul><li><a href="metrics">/metrics</a></li><li><a href="health">/health</a></li></ul>
 </body></html>
 """
-
-
-def build_registry(agent: Agent) -> CollectorRegistry:
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(agent)
-    ProcessCollector(registry=registry)
-    return registry
 
 
 def build_app(agent: Agent, app: App | None = None) -> App:

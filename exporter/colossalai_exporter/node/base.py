@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import threading
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -135,29 +134,3 @@ class LoopWaker:
 
     def stop(self) -> None:
         self._stopped = True
-
-
-class Waiters:
-    """Callbacks to run once, from the thread that completes a piece of work."""
-
-    __slots__ = ("_callbacks", "_done", "_lock")
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._callbacks: list[Callable[[], None]] = []
-        self._done = False
-
-    def add(self, callback: Callable[[], None]) -> None:
-        """Run ``callback`` when the work is done (at once if it already is)."""
-        with self._lock:
-            if not self._done:
-                self._callbacks.append(callback)
-                return
-        callback()
-
-    def fire(self) -> None:
-        with self._lock:
-            self._done = True
-            callbacks, self._callbacks = self._callbacks, []
-        for callback in callbacks:
-            callback()

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from colossalai_exporter.catalogue import family
-from colossalai_exporter.node.base import LoopWaker, Waiters
+from colossalai_exporter.node.base import LoopWaker
 from colossalai_exporter.node.blocking import BlockingCalls
 
 if TYPE_CHECKING:
@@ -89,16 +89,15 @@ def check_path(watched: WatchedPath) -> PathStatus:
 
 
 class _Check:
-    """One check of one path; ``status`` is set when it returns, then ``done`` fires."""
+    """One check of one path; ``status`` is set when it returns, then ``future`` completes."""
 
-    __slots__ = ("done", "future", "index", "path", "status")
+    __slots__ = ("future", "index", "path", "status")
+    future: Future[None]  # set by the collector as it submits the check
 
     def __init__(self, index: int, path: WatchedPath) -> None:
         self.index = index
         self.path = path
         self.status: PathStatus | None = None
-        self.done = Waiters()
-        self.future: Future[None] | None = None
 
 
 class _Scrape:
@@ -117,7 +116,7 @@ class _Scrape:
               wake: Callable[[], None]) -> Callable[[], None]:
         waker = LoopWaker(loop, wake)
         for check in self.checks:
-            check.done.add(waker)
+            check.future.add_done_callback(waker)
         return waker.stop
 
 
@@ -142,18 +141,17 @@ class DiskCollector:
 
     def _start(self) -> _Scrape:
         checks: list[_Check] = []
-        new: list[_Check] = []
         with self._cond:
             for index, watched in enumerate(self.paths):
                 check = self._in_flight.get(index)
                 if check is None:
-                    check = self._in_flight[index] = _Check(index, watched)
-                    new.append(check)
+                    # Submitted under the lock, so that another scrape never finds a
+                    # check in flight without its future; it runs once the lock is free.
+                    check = _Check(index, watched)
+                    check.future = self._calls.submit(self._check, check)
+                    self._in_flight[index] = check
                 checks.append(check)
-        scrape = _Scrape(time.monotonic(), checks)
-        for check in new:
-            check.future = self._calls.submit(self._check, check)
-        return scrape
+        return _Scrape(time.monotonic(), checks)
 
     def _check(self, check: _Check) -> None:
         status = check_path(check.path)
@@ -162,7 +160,6 @@ class DiskCollector:
             if self._in_flight.get(check.index) is check:
                 del self._in_flight[check.index]
             self._cond.notify_all()
-        check.done.fire()
 
     def collect(self, deadline: float, pending: Pending | None = None) -> list[MetricFamily]:
         scrape = pending if isinstance(pending, _Scrape) else self._start()
@@ -179,7 +176,7 @@ class DiskCollector:
                     # The paths still queued behind a slow one: a thread each.
                     separated = True
                     self._calls.separate(check.future for check in scrape.checks
-                                         if check.status is None and check.future is not None)
+                                         if check.status is None)
                 self._cond.wait((end if separated else fallback_at) - now)
             statuses = [check.status or PathStatus(False, "timeout") for check in scrape.checks]
         free = family("colossalai_disk_free_bytes")
