@@ -33,7 +33,8 @@ def test_newer_fields_are_accepted() -> None:
     data = notification()
     data["notification_reason"] = "repeat"
     data["routeLabels"] = {"team": "ml"}
-    assert parse_notification(json.dumps(data).encode()).raw["routeLabels"] == {"team": "ml"}
+    parsed = parse_notification(json.dumps(data).encode())
+    assert parsed == parse_notification(json.dumps(notification()).encode())
 
 
 def _mutate(change: dict[str, object], drop: tuple[str, ...] = ()) -> bytes:
@@ -232,7 +233,7 @@ def _tables(store: Store) -> dict[str, list[tuple[object, ...]]]:
         # Not the ids themselves: one by one, a superseded ping used up an id.
         "outbox": "SELECT target, kind, notification_id, created_at, next_attempt_at "
                   "FROM outbox ORDER BY id",
-        "dedup": "SELECT target, key, seen_at FROM dedup ORDER BY target, key",
+        "dedup": "SELECT target, key, seen_at FROM dedup_log ORDER BY id",
         "firing": "SELECT target, fingerprint, labels, last_seen FROM firing "
                   "ORDER BY target, fingerprint",
     }
@@ -349,3 +350,84 @@ def test_a_fail_url_inherits_everything_but_its_url() -> None:
         "GET", 1.0, frozenset({204}))
     assert overridden.headers == (("X-Team", "ml"), ("x-api-key", "k2"))
     assert overridden.tls is not None and overridden.tls.server_name is None
+
+
+def _both_paths(raw: bytes) -> tuple[object, object]:
+    from colossalai_exporter.bridge import alertmanager
+
+    return alertmanager._DECODER.decode(raw), alertmanager._parse_checked(raw)
+
+
+@pytest.mark.parametrize("data", [
+    notification(),
+    notification(alert("TrainingStalled", job="llama", rank="3"), alert("GPUMemoryHigh",
+                 status="resolved", instance="node-1:9466")),
+    {**notification(), "notification_reason": "repeat", "routeLabels": {"team": "ml"},
+     "truncatedAlerts": 7},
+    {k: v for k, v in notification().items()
+     if k not in ("groupLabels", "commonLabels", "commonAnnotations", "externalURL",
+                  "truncatedAlerts")},
+    notification({"status": "firing", "labels": {"alertname": "Bare", "é": "ü"},
+                  "startsAt": "2024-05-01T10:00:00Z"}),
+])
+def test_the_fast_decoder_and_the_checked_parser_agree(data: dict[str, object]) -> None:
+    """A body the msgspec decoder accepts must parse to what the checked path gives."""
+    fast, checked = _both_paths(json.dumps(data).encode())
+    assert fast == checked
+
+
+def test_what_only_the_checked_parser_accepts_is_still_accepted() -> None:
+    """null for optional fields and a lone surrogate escape: msgspec refuses, json.loads not."""
+    data = notification()
+    data["alerts"][0].update(annotations=None, endsAt=None, generatorURL=None,  # type: ignore[index]
+                             fingerprint=None)
+    data["commonLabels"] = None
+    data["receiver"] = "bridge \\ud800"
+    raw = json.dumps(data).encode().replace(b"\\\\ud800", b"\\ud800")
+    parsed = parse_notification(raw)
+    assert parsed.alerts[0].annotations == {}
+    assert parsed.alerts[0].ends_at == "" and parsed.common_labels == {}
+    assert parsed.receiver == "bridge \ud800"
+
+
+def test_dedup_keys_survive_a_restart_and_pruning_forgets_them(tmp_path: Path) -> None:
+    def hook(key: str) -> Enqueue:
+        return Enqueue("hook", "webhook", dedup_key=key, dedup_window=3600)
+
+    store = Store(tmp_path)
+    assert store.ingest(b"{}", [hook("k1")], now=100).queued == ("hook",)
+    store.close()
+    store = Store(tmp_path)  # a restart: the keys come back from the log
+    assert store.ingest(b"{}", [hook("k1")], now=200).deduplicated == ("hook",)
+    store.prune(dedup_older_than=50, now=300)  # k1, last stored at 100, is forgotten
+    assert store._db.execute("SELECT COUNT(*) FROM dedup_log").fetchone()[0] == 0
+    assert store.ingest(b"{}", [hook("k1")], now=301).queued == ("hook",)
+    store.close()
+
+
+def test_a_rolled_back_batch_leaves_no_dedup_key_behind(tmp_path: Path) -> None:
+    store = Store(tmp_path)
+    hook = Enqueue("hook", "webhook", dedup_key="k", dedup_window=3600)
+    store._db.execute("CREATE TRIGGER refuse BEFORE INSERT ON notifications "
+                      "BEGIN SELECT RAISE(ABORT, 'disk full'); END")
+    assert isinstance(store.ingest_many([IngestItem(b"{}", (hook,), (), 1)])[0], StoreError)
+    store._db.execute("DROP TRIGGER refuse")
+    result = store.ingest_many([IngestItem(b"{}", (hook,), (), 2)])[0]
+    assert not isinstance(result, StoreError) and result.queued == ("hook",)
+    store.close()
+
+
+def test_a_database_with_the_old_dedup_table_is_migrated(tmp_path: Path) -> None:
+    import sqlite3
+
+    old = sqlite3.connect(tmp_path / "bridge.sqlite3")
+    old.executescript("CREATE TABLE dedup (target TEXT NOT NULL, key TEXT NOT NULL, "
+                      "seen_at REAL NOT NULL, PRIMARY KEY (target, key));"
+                      "INSERT INTO dedup VALUES ('hook', 'old-key', 100);")
+    old.close()
+    store = Store(tmp_path)
+    hook = Enqueue("hook", "webhook", dedup_key="old-key", dedup_window=3600)
+    assert store.ingest(b"{}", [hook], now=200).deduplicated == ("hook",)
+    tables = {r[0] for r in store._db.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    assert "dedup" not in tables
+    store.close()

@@ -4,18 +4,30 @@ A pure function, kept apart from the HTTP route so that it can be tested on
 its own and so that the route only maps :class:`PayloadError` to a 400. The
 format is Alertmanager's ``notify/webhook`` ``Message``; unknown extra keys
 (``notification_reason``, ``routeLabels`` in newer versions) are accepted and
-kept in :attr:`Notification.raw`, because refusing them would make Alertmanager
-retry a body that will never become valid.
+ignored here (the body is stored and forwarded as received), because refusing
+them would make Alertmanager retry a body that will never become valid.
+
+Two paths, one result. A body is first decoded by msgspec straight into the
+:class:`Notification` and :class:`Alert` structs, which checks every type in
+the same pass over the bytes: about 13 µs for a typical 4.4 KB notification,
+against 46 µs for ``json.loads`` plus checks in Python (bench/RESULTS.md),
+and parsing is most of the bridge's own work per notification. Whatever that
+decoder refuses (and a version other than 4) goes through the second path,
+``json.loads`` and one check per field, which accepts what the first cannot
+(``null`` for an optional field, a lone surrogate escape) and otherwise finds
+the problem and names it: the reason and message of every 400 come from it.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal, cast
+
+import msgspec
 
 SUPPORTED_VERSION = "4"
 STATUSES = ("firing", "resolved")
+Status = Literal["firing", "resolved"]
 # Reasons a body is refused with 400; each is a label value of
 # colossalai_bridge_notifications_rejected_total.
 PAYLOAD_REASONS = ("invalid_utf8", "malformed_json", "unknown_version", "missing_field",
@@ -31,30 +43,31 @@ class PayloadError(ValueError):
         self.message = message
 
 
-@dataclass(frozen=True)
-class Alert:
-    status: str
+class Alert(msgspec.Struct, frozen=True, kw_only=True):
+    status: Status
     labels: dict[str, str]
-    annotations: dict[str, str]
-    starts_at: str
-    ends_at: str
-    generator_url: str
-    fingerprint: str
+    starts_at: str = msgspec.field(name="startsAt")
+    annotations: dict[str, str] = {}
+    ends_at: str = msgspec.field(default="", name="endsAt")
+    generator_url: str = msgspec.field(default="", name="generatorURL")
+    fingerprint: str = ""
 
 
-@dataclass(frozen=True)
-class Notification:
+class Notification(msgspec.Struct, frozen=True, kw_only=True):
     version: str
     receiver: str
-    status: str
-    group_key: str
+    status: Status
+    group_key: str = msgspec.field(name="groupKey")
     alerts: tuple[Alert, ...]
-    group_labels: dict[str, str]
-    common_labels: dict[str, str]
-    common_annotations: dict[str, str]
-    external_url: str
-    truncated_alerts: int
-    raw: dict[str, Any] = field(compare=False, repr=False)
+    group_labels: dict[str, str] = msgspec.field(default={}, name="groupLabels")
+    common_labels: dict[str, str] = msgspec.field(default={}, name="commonLabels")
+    common_annotations: dict[str, str] = msgspec.field(default={}, name="commonAnnotations")
+    external_url: str = msgspec.field(default="", name="externalURL")
+    truncated_alerts: Annotated[int, msgspec.Meta(ge=0)] = msgspec.field(
+        default=0, name="truncatedAlerts")
+
+
+_DECODER = msgspec.json.Decoder(Notification)
 
 
 def _field(obj: dict[str, Any], key: str, where: str, *, required: bool = True) -> Any:
@@ -94,54 +107,12 @@ def _type_name(value: Any) -> str:
             type(None): "null", int: "number", float: "number"}.get(type(value), "value")
 
 
-def _status(obj: dict[str, Any], where: str) -> str:
+def _status(obj: dict[str, Any], where: str) -> Status:
     status = _string(obj, "status", where)
     if status not in STATUSES:
         raise PayloadError("invalid_value",
                            f"{where}status must be firing or resolved, got {status!r}")
-    return status
-
-
-def _text_map(value: Any) -> dict[str, str] | None:
-    """``value`` as a label map if it is one (missing and null: empty), else None."""
-    if value is None:
-        return {}
-    if type(value) is dict and all(type(v) is str for v in value.values()):
-        return dict(value)
-    return None
-
-
-def _optional_text(value: Any) -> str | None:
-    if value is None:
-        return ""
-    return value if type(value) is str else None
-
-
-def _alert(obj: Any, index: int) -> Alert:
-    """One alert; a well-formed one takes a few dict lookups, anything else is
-    handed to :func:`_checked_alert`, which finds and names the problem.
-
-    Parsing is most of the bridge's own work per notification, and almost every
-    body is well formed. ``type(x) is str`` is exact here: everything comes from
-    ``json.loads``, which makes plain ``str``, ``dict`` and ``list`` only.
-    """
-    if type(obj) is dict:
-        status = obj.get("status")
-        labels = obj.get("labels")
-        starts_at = obj.get("startsAt")
-        annotations = _text_map(obj.get("annotations"))
-        ends_at = _optional_text(obj.get("endsAt"))
-        generator_url = _optional_text(obj.get("generatorURL"))
-        fingerprint = _optional_text(obj.get("fingerprint"))
-        if (type(status) is str and status in STATUSES and labels is not None
-                and type(starts_at) is str and annotations is not None
-                and ends_at is not None and generator_url is not None
-                and fingerprint is not None):
-            label_map = _text_map(labels)
-            if label_map is not None:
-                return Alert(status, label_map, annotations, starts_at, ends_at,
-                             generator_url, fingerprint)
-    return _checked_alert(obj, index)
+    return cast("Status", status)
 
 
 def _checked_alert(obj: Any, index: int) -> Alert:
@@ -169,6 +140,17 @@ def parse_notification(body: bytes) -> Notification:
     >>> n.alerts[0].labels["alertname"]
     'Watchdog'
     """
+    try:
+        notification = _DECODER.decode(body)
+    except msgspec.DecodeError:  # ValidationError too: a subclass
+        return _parse_checked(body)
+    if notification.version != SUPPORTED_VERSION:
+        return _parse_checked(body)
+    return notification
+
+
+def _parse_checked(body: bytes) -> Notification:
+    """The second path: parse with ``json.loads``, check each field, name any problem."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -201,11 +183,10 @@ def parse_notification(body: bytes) -> Notification:
         receiver=_string(data, "receiver", ""),
         status=_status(data, ""),
         group_key=_string(data, "groupKey", ""),
-        alerts=tuple(_alert(item, i) for i, item in enumerate(alerts_value)),
+        alerts=tuple(_checked_alert(item, i) for i, item in enumerate(alerts_value)),
         group_labels=_labels(data, "groupLabels", "", required=False),
         common_labels=_labels(data, "commonLabels", "", required=False),
         common_annotations=_labels(data, "commonAnnotations", "", required=False),
         external_url=_string(data, "externalURL", "", required=False),
         truncated_alerts=truncated,
-        raw=data,
     )

@@ -16,6 +16,9 @@ from colossalai_exporter.bridge.config import Target
 from colossalai_exporter.bridge.matchers import selector_matches
 from colossalai_exporter.bridge.store import Enqueue, FiringUpdate
 
+# Built once: json.dumps(..., separators=...) constructs a new encoder on every call.
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
+
 
 def alert_fingerprint(alert: Alert) -> str:
     """Alertmanager's fingerprint, or a hash of the labels when a sender left it out."""
@@ -32,9 +35,9 @@ def dedup_key(notification: Notification) -> str:
     produce this same key, while a new alert in the group, a resolve or a
     re-fired alert (new startsAt) produces a new one.
     """
-    alerts = sorted((alert_fingerprint(a), a.status, a.starts_at) for a in notification.alerts)
-    canonical = json.dumps([notification.group_key, notification.status, alerts],
-                           separators=(",", ":"))
+    alerts = sorted([(a.fingerprint or alert_fingerprint(a), a.status, a.starts_at)
+                     for a in notification.alerts])
+    canonical = _COMPACT.encode([notification.group_key, notification.status, alerts])
     return hashlib.sha256(canonical.encode()).hexdigest()
 
 

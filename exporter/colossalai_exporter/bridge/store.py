@@ -14,7 +14,12 @@ Tables:
   must never be reused: a worker finishing a superseded delivery deletes by id,
   and a recycled id would delete the newer delivery unsent.
 * ``dead_letters``: deliveries given up on (``bridge outbox retry`` moves them back).
-* ``dedup``: per target, keys of notifications already queued, with when.
+* ``dedup_log``: per target, keys of notifications already queued, with when, in
+  the order they were stored. Looked up in memory (:class:`DedupIndex`, loaded on
+  first use); the table only makes the keys survive a restart. An index on the
+  keys, as before, cost the commit more than everything else together: each
+  key is a hash, so each insert landed on a different page of the index, and
+  every such page went to the WAL and its fsync (bench/RESULTS.md).
 * ``firing``: per health-heartbeat target, the matching alerts currently firing.
 * ``target_state``: per target, when it last succeeded.
 
@@ -29,7 +34,7 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,9 +53,8 @@ CREATE TABLE IF NOT EXISTS dead_letters (
     id INTEGER PRIMARY KEY, target TEXT NOT NULL, kind TEXT NOT NULL,
     notification_id INTEGER NOT NULL, created_at REAL NOT NULL, failed_at REAL NOT NULL,
     attempts INTEGER NOT NULL, last_error TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS dedup (
-    target TEXT NOT NULL, key TEXT NOT NULL, seen_at REAL NOT NULL,
-    PRIMARY KEY (target, key));
+CREATE TABLE IF NOT EXISTS dedup_log (
+    id INTEGER PRIMARY KEY, target TEXT NOT NULL, key TEXT NOT NULL, seen_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS firing (
     target TEXT NOT NULL, fingerprint TEXT NOT NULL, labels TEXT NOT NULL,
     last_seen REAL NOT NULL, PRIMARY KEY (target, fingerprint));
@@ -129,6 +133,7 @@ class Store:
         self.path = state_dir / DB_NAME
         self._clock = time.time
         self._lock = threading.RLock()
+        self._dedup_index: DedupIndex | None = None
         try:
             state_dir.mkdir(parents=True, exist_ok=True)
             self._db = sqlite3.connect(self.path, isolation_level=None,
@@ -138,12 +143,31 @@ class Store:
             # Keep the WAL from growing without bound between checkpoints.
             self._db.execute("PRAGMA journal_size_limit=4194304")
             self._db.executescript(SCHEMA)
+            self._migrate()
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open the state database {self.path}: {exc}") from None
+
+    def _migrate(self) -> None:
+        """Databases from before the dedup log kept their keys in an indexed table."""
+        old = self._db.execute("SELECT 1 FROM sqlite_master WHERE type='table' AND "
+                               "name='dedup'").fetchone()
+        if old is None:
+            return
+        with self._transaction() as db:
+            db.execute("INSERT INTO dedup_log (target, key, seen_at) "
+                       "SELECT target, key, seen_at FROM dedup ORDER BY seen_at")
+            db.execute("DROP TABLE dedup")
 
     def close(self) -> None:
         with self._lock:
             self._db.close()
+
+    def _dedup(self) -> DedupIndex:
+        """The dedup keys in memory, read from the log on first use (the CLI never needs them)."""
+        if self._dedup_index is None:
+            rows = self._db.execute("SELECT target, key, seen_at FROM dedup_log ORDER BY id")
+            self._dedup_index = DedupIndex((str(t), str(k), float(at)) for t, k, at in rows)
+        return self._dedup_index
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -166,8 +190,12 @@ class Store:
                firing: Sequence[FiringUpdate] = (), now: float | None = None) -> IngestResult:
         """Store a notification and its deliveries in one committed transaction."""
         now = self._clock() if now is None else now
-        with self._transaction() as db:
-            return self._ingest_one(db, IngestItem(body, tuple(enqueues), tuple(firing), now))
+        item = IngestItem(body, tuple(enqueues), tuple(firing), now)
+        with self._lock:
+            with self._transaction() as db:
+                result, seen = self._ingest_one(db, self._dedup(), item)
+            self._dedup().add(seen)  # only once committed: a rollback leaves no trace
+        return result
 
     def ingest_many(self, items: Sequence[IngestItem]) -> list[IngestResult | StoreError]:
         """Store several notifications in one transaction: one commit, one fsync for all.
@@ -183,11 +211,20 @@ class Store:
         """
         if not items:
             return []
+        with self._lock:
+            return self._ingest_many(items)
+
+    def _ingest_many(self, items: Sequence[IngestItem]) -> list[IngestResult | StoreError]:
+        dedup = self._dedup()
         try:
             with self._transaction() as db:
                 if len(items) == 1:
-                    return [self._ingest_one(db, items[0])]
-                return self._ingest_batch(db, items)
+                    one, seen = self._ingest_one(db, dedup, items[0])
+                    batch: list[IngestResult | StoreError] = [one]
+                else:
+                    batch, seen = self._ingest_batch(db, dedup, items)
+            dedup.add(seen)  # only once committed: a rollback leaves no trace
+            return batch
         except StoreError as exc:
             if len(items) == 1:
                 return [exc]
@@ -195,41 +232,30 @@ class Store:
         for item in items:
             try:
                 with self._transaction() as db:
-                    results.append(self._ingest_one(db, item))
+                    result, seen = self._ingest_one(db, dedup, item)
+                dedup.add(seen)
+                results.append(result)
             except StoreError as exc:
                 results.append(exc)
         return results
 
     @staticmethod
-    def _ingest_batch(db: sqlite3.Connection,
-                      items: Sequence[IngestItem]) -> list[IngestResult | StoreError]:
+    def _ingest_batch(db: sqlite3.Connection, dedup: DedupIndex, items: Sequence[IngestItem],
+                      ) -> tuple[list[IngestResult | StoreError], list[DedupRow]]:
         """What :meth:`_ingest_one` does for each item in turn, in a few statements.
 
         Why not a loop over :meth:`_ingest_one`: every statement releases the GIL and
         must win it back from the event loop thread, which is busy parsing the next
         requests; a few dozen hand-overs per batch made the commit cycle, not the
-        disk, the limit. Here the batch costs one SELECT for its dedup keys and one
-        multi-row statement per table, whatever its size. The effect is the same as
+        disk, the limit. Here the batch costs one multi-row statement per table,
+        whatever its size (dedup keys are looked up in memory). The effect is the same as
         applying the items one after another (a unit test compares the two): ids
         follow the items' order, an item is deduplicated against earlier items of
         the batch, a newer ping supersedes an older one of the same batch.
         """
         first_id = int(db.execute("SELECT COALESCE(MAX(id), 0) + 1 FROM notifications")
                        .fetchone()[0])
-        keys: dict[str, set[str]] = {}
-        for item in items:
-            for e in item.enqueues:
-                if e.dedup_key is not None:
-                    keys.setdefault(e.target, set()).add(e.dedup_key)
-        seen: dict[tuple[str, str], float] = {}
-        for target, wanted in sorted(keys.items()):
-            # target = ? AND key IN (…): a search of the primary key, not a scan.
-            for chunk in _chunks(sorted(wanted), 1):
-                rows = db.execute("SELECT key, seen_at FROM dedup WHERE target=? AND key IN "
-                                  f"({', '.join('?' * len(chunk))})",
-                                  [target, *chunk]).fetchall()
-                seen.update({(target, str(k)): float(at) for k, at in rows})
-        batch = _Batch(first_id, seen)
+        batch = _Batch(first_id, dedup)
         for item in items:
             batch.add(item)
         # Rows queued before this batch are superseded by its first ping to the target.
@@ -239,8 +265,7 @@ class Store:
                 counts = batch.superseded[first]
                 counts[target] = counts.get(target, 0) + dropped
         _insert(db, "INSERT INTO notifications (id, received_at, body)", batch.notifications)
-        _insert(db, "INSERT OR REPLACE INTO dedup (target, key, seen_at)",
-                [(t, k, at) for (t, k), at in batch.dedup.items()])
+        _insert(db, "INSERT INTO dedup_log (target, key, seen_at)", batch.dedup)
         _insert(db, "INSERT INTO outbox (target, kind, notification_id, created_at, "
                 "next_attempt_at)", [row for row in batch.outbox if row is not None])
         _insert(db, "INSERT OR REPLACE INTO firing (target, fingerprint, labels, last_seen)",
@@ -251,11 +276,13 @@ class Store:
                 db.execute("DELETE FROM firing WHERE target=? AND fingerprint=?",
                            (u.target, u.fingerprint))
         return [IngestResult(first_id + i, queued, deduplicated, batch.superseded[i])
-                for i, (queued, deduplicated) in enumerate(batch.outcomes)]
+                for i, (queued, deduplicated) in enumerate(batch.outcomes)], batch.dedup
 
     @staticmethod
-    def _ingest_one(db: sqlite3.Connection, item: IngestItem) -> IngestResult:
+    def _ingest_one(db: sqlite3.Connection, dedup: DedupIndex,
+                    item: IngestItem) -> tuple[IngestResult, list[DedupRow]]:
         now = item.now
+        seen: list[DedupRow] = []
         queued: list[str] = []
         deduplicated: list[str] = []
         superseded: dict[str, int] = {}
@@ -264,13 +291,13 @@ class Store:
         notification_id = int(cursor.lastrowid or 0)
         for enqueue in item.enqueues:
             if enqueue.dedup_key is not None:
-                row = db.execute("SELECT seen_at FROM dedup WHERE target=? AND key=?",
-                                 (enqueue.target, enqueue.dedup_key)).fetchone()
-                if row is not None and now - row[0] < enqueue.dedup_window:
+                seen_at = dedup.seen_at(enqueue.target, enqueue.dedup_key)
+                if seen_at is not None and now - seen_at < enqueue.dedup_window:
                     deduplicated.append(enqueue.target)
                     continue
-                db.execute("INSERT OR REPLACE INTO dedup (target, key, seen_at) "
-                           "VALUES (?, ?, ?)", (enqueue.target, enqueue.dedup_key, now))
+                db.execute("INSERT INTO dedup_log (target, key, seen_at) VALUES (?, ?, ?)",
+                           (enqueue.target, enqueue.dedup_key, now))
+                seen.append((enqueue.target, enqueue.dedup_key, now))
             if enqueue.newest_only:
                 dropped = db.execute("DELETE FROM outbox WHERE target=?", (enqueue.target,))
                 if dropped.rowcount:
@@ -287,7 +314,8 @@ class Store:
             else:
                 db.execute("DELETE FROM firing WHERE target=? AND fingerprint=?",
                            (update.target, update.fingerprint))
-        return IngestResult(notification_id, tuple(queued), tuple(deduplicated), superseded)
+        return (IngestResult(notification_id, tuple(queued), tuple(deduplicated), superseded),
+                seen)
 
     # -- delivery -----------------------------------------------------------------------
 
@@ -449,10 +477,14 @@ class Store:
         """Forget old dedup keys and notifications no delivery refers to any more."""
         now = self._clock() if now is None else now
         with self._transaction() as db:
-            db.execute("DELETE FROM dedup WHERE seen_at < ?", (now - dedup_older_than,))
+            # A scan, with no index on seen_at: it holds one window's keys, and runs
+            # every few minutes, where an index would cost every commit.
+            db.execute("DELETE FROM dedup_log WHERE seen_at < ?", (now - dedup_older_than,))
             db.execute("DELETE FROM notifications WHERE received_at < ? AND id NOT IN "
                        "(SELECT notification_id FROM outbox) AND id NOT IN "
                        "(SELECT notification_id FROM dead_letters)", (now - 3600.0,))
+        if self._dedup_index is not None:
+            self._dedup_index.forget_before(now - dedup_older_than)
 
     def writable(self) -> tuple[bool, str]:
         """Whether a new notification could be stored now: a synced probe write and a commit.
@@ -477,13 +509,44 @@ class Store:
         return True, ""
 
 
+DedupRow = tuple[str, str, float]  # target, key, seen at
+
+
+class DedupIndex:
+    """Per (target, key), when a notification with that dedup key was last stored.
+
+    Memory grows with the keys inside the dedup window: at the 0.1-1 notification/s
+    of a busy Alertmanager, a 4 h window holds 1,500-15,000 keys per target,
+    about 200 bytes each. Guarded by the store's lock.
+    """
+
+    def __init__(self, rows: Iterable[DedupRow] = ()) -> None:
+        self._seen: dict[tuple[str, str], float] = {}
+        self.add(rows)
+
+    def __len__(self) -> int:
+        return len(self._seen)
+
+    def seen_at(self, target: str, key: str) -> float | None:
+        return self._seen.get((target, key))
+
+    def add(self, rows: Iterable[DedupRow]) -> None:
+        """Record stored keys; a later row of the same key replaces an earlier one."""
+        for target, key, at in rows:
+            self._seen[target, key] = at
+
+    def forget_before(self, cutoff: float) -> None:
+        self._seen = {pair: at for pair, at in self._seen.items() if at >= cutoff}
+
+
 class _Batch:
     """The rows a batch writes, worked out in Python in the items' order."""
 
-    def __init__(self, first_id: int, seen: dict[tuple[str, str], float]) -> None:
+    def __init__(self, first_id: int, stored: DedupIndex) -> None:
         self.first_id = first_id
-        self.seen = seen  # dedup keys already stored, then those of this batch
-        self.dedup: dict[tuple[str, str], float] = {}
+        self.stored = stored  # dedup keys already stored
+        self.seen: dict[tuple[str, str], float] = {}  # those of this batch
+        self.dedup: list[DedupRow] = []  # rows for the log, in order
         self.notifications: list[tuple[object, ...]] = []
         self.outbox: list[tuple[object, ...] | None] = []  # None: superseded in the batch
         self.newest: dict[str, int] = {}  # heartbeat target -> its ping's index in outbox
@@ -504,10 +567,13 @@ class _Batch:
             if enqueue.dedup_key is not None:
                 pair = (enqueue.target, enqueue.dedup_key)
                 seen_at = self.seen.get(pair)
+                if seen_at is None:
+                    seen_at = self.stored.seen_at(*pair)
                 if seen_at is not None and now - seen_at < enqueue.dedup_window:
                     deduplicated.append(enqueue.target)
                     continue
-                self.seen[pair] = self.dedup[pair] = now
+                self.seen[pair] = now
+                self.dedup.append((enqueue.target, enqueue.dedup_key, now))
             if enqueue.newest_only:
                 earlier = self.newest.get(enqueue.target)
                 if earlier is not None:

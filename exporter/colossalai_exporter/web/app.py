@@ -13,13 +13,13 @@ import asyncio
 import inspect
 import json
 import logging
-import sys
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 from urllib.parse import parse_qs
 
 from colossalai_exporter.web.auth import BasicAuthenticator
+from colossalai_exporter.web.deadlines import ReadDeadlines
 
 log = logging.getLogger(__name__)
 
@@ -28,15 +28,44 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
-@dataclass
 class Request:
-    method: str
-    path: str
-    query: dict[str, list[str]]
-    headers: dict[str, str]
-    body: bytes = b""
-    client: tuple[str, int] | None = None
-    scheme: str = "http"
+    """One HTTP request as the App's handlers see it.
+
+    Headers and query parameters are decoded on first use: most requests (a scrape,
+    a notification) read one or two headers, and decoding all of them up front
+    was a measurable part of the bridge's per-request cost (bench/RESULTS.md).
+    """
+
+    __slots__ = ("_headers", "_query", "_query_string", "_raw_headers", "body", "client",
+                 "method", "path", "scheme")
+
+    def __init__(self, method: str, path: str, raw_headers: Iterable[tuple[bytes, bytes]] = (),
+                 query_string: bytes = b"", body: bytes = b"",
+                 client: tuple[str, int] | None = None, scheme: str = "http") -> None:
+        self.method = method
+        self.path = path
+        self.body = body
+        self.client = client
+        self.scheme = scheme
+        self._raw_headers = raw_headers
+        self._query_string = query_string
+        self._headers: dict[str, str] | None = None
+        self._query: dict[str, list[str]] | None = None
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """Lower-case names to values; a repeated header keeps its last value."""
+        if self._headers is None:
+            # ASGI servers hand over lower-case names; lower() again for any other caller.
+            self._headers = {k.decode("latin-1").lower(): v.decode("latin-1")
+                             for k, v in self._raw_headers}
+        return self._headers
+
+    @property
+    def query(self) -> dict[str, list[str]]:
+        if self._query is None:
+            self._query = parse_qs(self._query_string.decode("latin-1"))
+        return self._query
 
     def arg(self, name: str) -> str | None:
         """The last value of a query parameter, or None."""
@@ -55,8 +84,13 @@ class Response:
     content_type: str = "text/plain; charset=utf-8"
 
 
+# One encoder for every answer: json.dumps(..., sort_keys=True) builds a new
+# JSONEncoder on each call, which cost more than encoding a short answer.
+_ENCODER = json.JSONEncoder(sort_keys=True)
+
+
 def json_response(status: int, payload: Any, headers: Iterable[tuple[str, str]] = ()) -> Response:
-    return Response(status, (json.dumps(payload, sort_keys=True) + "\n").encode(),
+    return Response(status, (_ENCODER.encode(payload) + "\n").encode(),
                     list(headers), "application/json")
 
 
@@ -105,10 +139,12 @@ class App:
     ) -> None:
         self._routes: dict[str, dict[str, Handler]] = {}
         self._guards: dict[str, Guard] = {}
+        self._coroutines: set[Handler] = set()
         self._observer = observer
         self._auth = authenticator
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout
+        self._deadlines = ReadDeadlines(body_timeout)
         self._extra_headers = list((extra_headers or {}).items())
         self._realm = realm
 
@@ -125,6 +161,8 @@ class App:
         table = self._routes.setdefault(path, {})
         for method in methods:
             table[method.upper()] = handler
+        if inspect.iscoroutinefunction(handler):  # asked once here, not on every request
+            self._coroutines.add(handler)
         if guard is not None:
             self._guards[path] = guard
 
@@ -169,23 +207,24 @@ class App:
                 return refused
         declared = request.header("content-length")
         length = int(declared) if declared and declared.isdigit() else None
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task(loop)
+        assert task is not None  # handle() runs in the server's task for the request
+        self._deadlines.start(task, loop)
         try:
-            if sys.version_info >= (3, 11):
-                # A deadline on the running task: wait_for would start a new task for
-                # every request body, a cost the bridge's benchmark could see.
-                async with asyncio.timeout(self.body_timeout):
-                    request.body = await self._read_body(receive, length)
-            else:
-                request.body = await asyncio.wait_for(self._read_body(receive, length),
-                                                      self.body_timeout)
+            request.body = await self._read_body(receive, length)
         except BodyTooLarge:
             return error_response(413, "too_large",
                                   f"request body over {self.max_body_bytes} bytes")
-        except (TimeoutError, asyncio.TimeoutError):
-            return error_response(408, "body_timeout",
-                                  f"request body not received within {self.body_timeout:g}s")
-        if inspect.iscoroutinefunction(handler):
-            return await handler(request)  # type: ignore[no-any-return]
+        except asyncio.CancelledError:
+            if self._deadlines.finish(task, loop):
+                return error_response(408, "body_timeout",
+                                      f"request body not received within {self.body_timeout:g}s")
+            raise
+        finally:
+            self._deadlines.finish(task, loop)
+        if handler in self._coroutines:
+            return await cast("Awaitable[Response]", handler(request))
         result = await asyncio.get_running_loop().run_in_executor(None, handler, request)
         if inspect.isawaitable(result):
             return await result
@@ -194,15 +233,11 @@ class App:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return  # lifespan is off; websockets are not served
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        request = Request(
-            method=scope["method"],
-            path=scope["path"],
-            query=parse_qs(scope.get("query_string", b"").decode("latin-1")),
-            headers=headers,
-            client=tuple(scope["client"]) if scope.get("client") else None,
-            scheme=scope.get("scheme", "http"),
-        )
+        client = scope.get("client")
+        request = Request(scope["method"], scope["path"], scope["headers"],
+                          scope.get("query_string", b""),
+                          client=tuple(client) if client else None,
+                          scheme=scope.get("scheme", "http"))
         try:
             response = await self.handle(request, receive)
         except ConnectionResetError:
