@@ -4,7 +4,13 @@ In one run on this machine, alternating in every round:
 
 * **do-nothing**: the project's uvicorn setup (``colossalai_exporter.web.serve``:
   same protocol class, keep-alive, timeouts) running a bare ASGI app that reads
-  the body and answers 200: the ceiling of the HTTP stack itself.
+  the body and answers 200: the ceiling of the HTTP stack itself. The goal's
+  ratio is against this one.
+* **App route** (``--app-route``): the same server running the project's
+  ``web.App`` with the bridge's guards (bearer token, content type) and a
+  route that answers a stored-shaped JSON body without parsing or storing
+  anything: what the App costs on top of the server, so that the bridge's own
+  work per notification can be told apart from it.
 * **bridge**: the real ``colossalai-exporter bridge`` process with a real config
   (bearer token, three targets: a Watchdog heartbeat, a signed webhook for
   critical/warning alerts, an ``body: alertmanager`` webhook for everything but
@@ -224,6 +230,34 @@ def noop_main(port: int, protocol: str) -> None:
     serve(do_nothing, f"127.0.0.1:{port}", name="do-nothing", protocol=protocol).wait(stop)
 
 
+def app_route_main(port: int, protocol: str) -> None:
+    """The project's App with the bridge's guards and a route that stores nothing."""
+    from colossalai_exporter.bridge.app import INGEST_PATH, bearer_guard, content_type_guard
+    from colossalai_exporter.web import (
+        App,
+        Request,
+        Response,
+        json_response,
+        serve,
+        stop_on_signals,
+    )
+
+    app = App(max_body_bytes=4 << 20, body_timeout=10.0, realm="colossalai-bridge")
+    answer = {"status": "stored", "id": 1, "queued": ["audit", "oncall"], "deduplicated": []}
+
+    async def route(request: Request) -> Response:
+        return json_response(200, answer)
+
+    bearer = bearer_guard(TOKEN)
+
+    def guard(request: Request) -> Response | None:  # the bridge's two guards, in its order
+        return bearer(request) or content_type_guard(request)
+
+    app.add_route(INGEST_PATH, route, ("POST",), guard=guard)
+    stop = stop_on_signals()
+    serve(app, f"127.0.0.1:{port}", name="app-route", protocol=protocol).wait(stop)
+
+
 def bridge_main(protocol: str, argv: list[str]) -> int:
     """The bridge's own CLI, with every server on ``protocol`` (a benchmark-only switch:
     the product has no flag for it, it always runs the project's default)."""
@@ -364,16 +398,22 @@ def summary(result: dict[str, Any], count: int) -> dict[str, float]:
             "p99": percentile(lat, 0.99) * 1e3}
 
 
-def one_round(number: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    me = [sys.executable, __file__]
-    noop_port = free_port()
-    noop = subprocess.Popen([*me, "_noop", str(noop_port), args.http], env=env())
+def measure_server(mode: str, number: int, args: argparse.Namespace) -> dict[str, float]:
+    """Start the ``_noop`` or ``_app_route`` server, load it, stop it."""
+    port = free_port()
+    proc = subprocess.Popen([sys.executable, __file__, mode, str(port), args.http], env=env())
     try:
-        wait_http(f"http://127.0.0.1:{noop_port}/", noop)
-        base = summary(run_client(noop_port, 0, args.notifications, args.warmup,
+        wait_http(f"http://127.0.0.1:{port}/", proc)
+        return summary(run_client(port, 0, args.notifications, args.warmup,
                                   args.connections, number), args.notifications)
     finally:
-        stop(noop)
+        stop(proc)
+
+
+def one_round(number: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    me = [sys.executable, __file__]
+    base = measure_server("_noop", number, args)
+    app_route = measure_server("_app_route", number, args) if args.app_route else None
 
     rdir = workdir / f"round{number}"
     rdir.mkdir()
@@ -415,7 +455,7 @@ def one_round(number: int, args: argparse.Namespace, workdir: Path) -> dict[str,
     spread = stats["last"] - stats["first"]
     delivery = {"count": stats["count"], "rate": (stats["count"] - 1) / spread,
                 "paths": stats["paths"]}
-    return {"noop": base, "bridge": ours, "delivery": delivery}
+    return {"noop": base, "app_route": app_route, "bridge": ours, "delivery": delivery}
 
 
 def main() -> int:
@@ -426,6 +466,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=300)
     parser.add_argument("--connections", type=int, default=16,
                         help="concurrent keep-alive client connections")
+    parser.add_argument("--app-route", action="store_true",
+                        help="also measure the App with a route that stores nothing")
     parser.add_argument("--http", choices=("httptools", "h11"), default="httptools",
                         help="uvicorn protocol of both servers (httptools: what the "
                         "project serves on)")
@@ -442,18 +484,22 @@ def main() -> int:
         for number in range(1, args.rounds + 1):
             row = one_round(number, args, Path(tmp))
             rows.append(row)
+            app_route = (f"App route {row['app_route']['rate']:.0f}/s | "
+                         if row["app_route"] else "")
             print(f"round {number}: do-nothing {row['noop']['rate']:.0f}/s "
-                  f"p99 {row['noop']['p99']:.1f} ms | bridge {row['bridge']['rate']:.0f}/s "
+                  f"p99 {row['noop']['p99']:.1f} ms | {app_route}"
+                  f"bridge {row['bridge']['rate']:.0f}/s "
                   f"p50 {row['bridge']['p50']:.1f} ms p99 {row['bridge']['p99']:.1f} ms "
                   f"| ratio {row['bridge']['rate'] / row['noop']['rate']:.2f} | delivery "
                   f"{row['delivery']['rate']:.0f}/s ({row['delivery']['count']} deliveries)",
                   flush=True)
-    print("\n| round | do-nothing rate | do-nothing p99 | bridge rate | bridge p50 | "
-          "bridge p99 | ratio | delivery rate |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| round | do-nothing rate | do-nothing p99 | App route rate | bridge rate | "
+          "bridge p50 | bridge p99 | ratio | delivery rate |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for number, row in enumerate(rows, 1):
+        app_route = f"{row['app_route']['rate']:.0f}/s" if row["app_route"] else "-"
         print(f"| {number} | {row['noop']['rate']:.0f}/s | {row['noop']['p99']:.1f} ms "
-              f"| {row['bridge']['rate']:.0f}/s | {row['bridge']['p50']:.1f} ms "
+              f"| {app_route} | {row['bridge']['rate']:.0f}/s | {row['bridge']['p50']:.1f} ms "
               f"| {row['bridge']['p99']:.1f} ms "
               f"| {row['bridge']['rate'] / row['noop']['rate']:.2f} "
               f"| {row['delivery']['rate']:.0f}/s |")
@@ -477,6 +523,8 @@ if __name__ == "__main__":
         client_main(json.loads(sys.argv[2]))
     elif len(sys.argv) > 1 and sys.argv[1] == "_noop":
         noop_main(int(sys.argv[2]), sys.argv[3])
+    elif len(sys.argv) > 1 and sys.argv[1] == "_app_route":
+        app_route_main(int(sys.argv[2]), sys.argv[3])
     elif len(sys.argv) > 1 and sys.argv[1] == "_bridge":
         sys.exit(bridge_main(sys.argv[2], sys.argv[3:]))
     elif len(sys.argv) > 1 and sys.argv[1] == "_sink":

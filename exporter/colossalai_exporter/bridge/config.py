@@ -20,7 +20,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from colossalai_exporter.bridge.matchers import Matcher, MatcherError, parse_selector
+from colossalai_exporter.bridge.matchers import (
+    Matcher,
+    MatcherError,
+    Predicate,
+    compile_selector,
+    parse_selector,
+)
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.flags import load_yaml_file
 from colossalai_exporter.web.config import TLS_VERSIONS
@@ -101,6 +107,11 @@ class Target:
     signing_secret: bytes | None = field(default=None, repr=False)
     dedup_window: float = 14400.0
     max_age: float = 86400.0
+    # The selector compiled into one function (see matchers.compile_selector).
+    matches: Predicate = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "matches", compile_selector(self.selector))
 
 
 @dataclass(frozen=True)

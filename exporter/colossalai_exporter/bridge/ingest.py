@@ -13,7 +13,6 @@ from collections.abc import Sequence
 
 from colossalai_exporter.bridge.alertmanager import Alert, Notification
 from colossalai_exporter.bridge.config import Target
-from colossalai_exporter.bridge.matchers import selector_matches
 from colossalai_exporter.bridge.store import Enqueue, FiringUpdate
 
 # Built once: json.dumps(..., separators=...) constructs a new encoder on every call.
@@ -48,7 +47,8 @@ def plan(notification: Notification,
     updates: list[FiringUpdate] = []
     key: str | None = None
     for target in targets:
-        matching = [a for a in notification.alerts if selector_matches(target.selector, a.labels)]
+        matches = target.matches
+        matching = [a for a in notification.alerts if matches(a.labels)]
         if not matching:
             continue
         if target.kind == "heartbeat":

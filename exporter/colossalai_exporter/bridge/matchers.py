@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 _MATCHER = re.compile(r'^\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*(.*?)\s*$')
 OPS = ("=", "!=", "=~", "!~")
@@ -21,28 +21,38 @@ class MatcherError(ValueError):
     pass
 
 
+# Whether one alert's labels match: a matcher's, or a whole selector's.
+Predicate = Callable[[Mapping[str, str]], bool]
+
+
 @dataclass(frozen=True)
 class Matcher:
     name: str
     op: str
     value: str
+    # The matcher as one small function, built once: it runs for every target and
+    # alert of every notification.
+    test: Predicate = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if self.op in ("=~", "!~"):
-            try:
-                object.__setattr__(self, "_regex", re.compile(self.value))
-            except re.error as exc:
-                raise MatcherError(f"bad regular expression {self.value!r}: {exc}") from None
+        object.__setattr__(self, "test", self._compile())
+
+    def _compile(self) -> Predicate:
+        name, value = self.name, self.value
+        if self.op == "=":
+            return lambda labels: labels.get(name, "") == value
+        if self.op == "!=":
+            return lambda labels: labels.get(name, "") != value
+        try:
+            fullmatch = re.compile(value).fullmatch
+        except re.error as exc:
+            raise MatcherError(f"bad regular expression {value!r}: {exc}") from None
+        if self.op == "=~":
+            return lambda labels: fullmatch(labels.get(name, "")) is not None
+        return lambda labels: fullmatch(labels.get(name, "")) is None
 
     def matches(self, labels: Mapping[str, str]) -> bool:
-        value = labels.get(self.name, "")
-        if self.op == "=":
-            return value == self.value
-        if self.op == "!=":
-            return value != self.value
-        regex: re.Pattern[str] = getattr(self, "_regex")  # noqa: B009 - set in __post_init__
-        hit = regex.fullmatch(value) is not None
-        return hit if self.op == "=~" else not hit
+        return self.test(labels)
 
     def __str__(self) -> str:
         return f"{self.name}{self.op}{json.dumps(self.value)}"
@@ -72,10 +82,19 @@ def parse_selector(items: Sequence[str]) -> tuple[Matcher, ...]:
     return tuple(parse_matcher(item) for item in items)
 
 
-def selector_matches(selector: Sequence[Matcher], labels: Mapping[str, str]) -> bool:
-    # A plain loop: this runs for every target and alert of every notification, and
-    # all() over a generator costs a frame per matcher.
-    for matcher in selector:  # noqa: SIM110 - all() over a generator is slower here
-        if not matcher.matches(labels):
-            return False
-    return True
+def compile_selector(selector: Sequence[Matcher]) -> Predicate:
+    """The whole selector as one function (all matchers must match; none: everything)."""
+    tests = tuple(m.test for m in selector)
+    if not tests:
+        return lambda labels: True
+    if len(tests) == 1:
+        return tests[0]
+
+    def all_match(labels: Mapping[str, str]) -> bool:
+        # A plain loop: all() over a generator costs a frame per matcher.
+        for test in tests:  # noqa: SIM110
+            if not test(labels):
+                return False
+        return True
+
+    return all_match
