@@ -51,6 +51,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.error
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -327,6 +328,8 @@ def wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float = 30) -> N
         try:
             with urllib.request.urlopen(url, timeout=2):
                 return
+        except urllib.error.HTTPError:
+            return  # an answer, if not a 200: the server is up
         except OSError:
             time.sleep(0.02)
     raise SystemExit(f"{url} did not answer within {timeout}s")

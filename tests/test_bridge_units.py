@@ -61,6 +61,10 @@ def _mutate(change: dict[str, object], drop: tuple[str, ...] = ()) -> bytes:
     (_mutate({"alerts": [{"status": "firing", "startsAt": "t"}]}),
      "missing_field", "alerts[0].labels is required"),
     (_mutate({"truncatedAlerts": -1}), "invalid_type", "truncatedAlerts"),
+    (b'{"a":' * 100_000 + b"1" + b"}" * 100_000, "malformed_json", "nested too deeply"),
+    (b"[" * 100_000, "malformed_json", "nested too deeply"),
+    (b'{"version": "4", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+     "malformed_json", "nested too deeply"),
 ])
 def test_bad_payloads_name_the_problem(raw: bytes, reason: str, words: str) -> None:
     with pytest.raises(PayloadError) as caught:

@@ -142,7 +142,8 @@ def parse_notification(body: bytes) -> Notification:
     """
     try:
         notification = _DECODER.decode(body)
-    except msgspec.DecodeError:  # ValidationError too: a subclass
+    except (msgspec.DecodeError, RecursionError):  # ValidationError is a DecodeError
+        # msgspec raises RecursionError for objects nested thousands deep.
         return _parse_checked(body)
     if notification.version != SUPPORTED_VERSION:
         return _parse_checked(body)
