@@ -401,14 +401,28 @@ def summary(result: dict[str, Any], count: int) -> dict[str, float]:
             "p99": percentile(lat, 0.99) * 1e3}
 
 
+def load(proc: subprocess.Popen[bytes], port: int, number: int,
+         args: argparse.Namespace) -> dict[str, float]:
+    """Run the client against a server; its rate and latency, and the server's CPU
+    (user and system, all its threads) per request, warm-up included."""
+    import psutil
+
+    server = psutil.Process(proc.pid)
+    before = server.cpu_times()
+    result = run_client(port, 0, args.notifications, args.warmup, args.connections, number)
+    after = server.cpu_times()
+    cpu = (after.user + after.system) - (before.user + before.system)
+    return {**summary(result, args.notifications),
+            "cpu_us": cpu / (args.notifications + args.warmup) * 1e6}
+
+
 def measure_server(mode: str, number: int, args: argparse.Namespace) -> dict[str, float]:
     """Start the ``_noop`` or ``_app_route`` server, load it, stop it."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, __file__, mode, str(port), args.http], env=env())
     try:
         wait_http(f"http://127.0.0.1:{port}/", proc)
-        return summary(run_client(port, 0, args.notifications, args.warmup,
-                                  args.connections, number), args.notifications)
+        return load(proc, port, number, args)
     finally:
         stop(proc)
 
@@ -425,8 +439,7 @@ def one_round(number: int, args: argparse.Namespace, workdir: Path) -> dict[str,
     bridge_port = free_port()
     bridge = start_bridge(config, bridge_port, rdir / "bridge.log", args.http)
     try:
-        ours = summary(run_client(bridge_port, 0, args.notifications, args.warmup,
-                                  args.connections, number), args.notifications)
+        ours = load(bridge, bridge_port, number, args)
         received = metric(bridge_port, "colossalai_bridge_notifications_received_total")
         pending = metric(bridge_port, "colossalai_bridge_queue_depth")
     finally:
@@ -487,11 +500,13 @@ def main() -> int:
         for number in range(1, args.rounds + 1):
             row = one_round(number, args, Path(tmp))
             rows.append(row)
-            app_route = (f"App route {row['app_route']['rate']:.0f}/s | "
+            app_route = (f"App route {row['app_route']['rate']:.0f}/s "
+                         f"{row['app_route']['cpu_us']:.0f} us CPU/req | "
                          if row["app_route"] else "")
             print(f"round {number}: do-nothing {row['noop']['rate']:.0f}/s "
-                  f"p99 {row['noop']['p99']:.1f} ms | {app_route}"
-                  f"bridge {row['bridge']['rate']:.0f}/s "
+                  f"p99 {row['noop']['p99']:.1f} ms {row['noop']['cpu_us']:.0f} us CPU/req | "
+                  f"{app_route}bridge {row['bridge']['rate']:.0f}/s "
+                  f"{row['bridge']['cpu_us']:.0f} us CPU/req "
                   f"p50 {row['bridge']['p50']:.1f} ms p99 {row['bridge']['p99']:.1f} ms "
                   f"| ratio {row['bridge']['rate'] / row['noop']['rate']:.2f} | delivery "
                   f"{row['delivery']['rate']:.0f}/s ({row['delivery']['count']} deliveries)",
