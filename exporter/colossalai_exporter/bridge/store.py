@@ -476,15 +476,18 @@ class Store:
     def prune(self, dedup_older_than: float, now: float | None = None) -> None:
         """Forget old dedup keys and notifications no delivery refers to any more."""
         now = self._clock() if now is None else now
-        with self._transaction() as db:
-            # A scan, with no index on seen_at: it holds one window's keys, and runs
-            # every few minutes, where an index would cost every commit.
-            db.execute("DELETE FROM dedup_log WHERE seen_at < ?", (now - dedup_older_than,))
-            db.execute("DELETE FROM notifications WHERE received_at < ? AND id NOT IN "
-                       "(SELECT notification_id FROM outbox) AND id NOT IN "
-                       "(SELECT notification_id FROM dead_letters)", (now - 3600.0,))
-        if self._dedup_index is not None:
-            self._dedup_index.forget_before(now - dedup_older_than)
+        # Under the lock throughout: the writer thread adds keys to the index.
+        with self._lock:
+            with self._transaction() as db:
+                # A scan, with no index on seen_at: the table holds one window's keys,
+                # and this runs once a minute, where an index would cost every commit.
+                db.execute("DELETE FROM dedup_log WHERE seen_at < ?",
+                           (now - dedup_older_than,))
+                db.execute("DELETE FROM notifications WHERE received_at < ? AND id NOT IN "
+                           "(SELECT notification_id FROM outbox) AND id NOT IN "
+                           "(SELECT notification_id FROM dead_letters)", (now - 3600.0,))
+            if self._dedup_index is not None:
+                self._dedup_index.forget_before(now - dedup_older_than)
 
     def writable(self) -> tuple[bool, str]:
         """Whether a new notification could be stored now: a synced probe write and a commit.
