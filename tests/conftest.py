@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import shutil
@@ -13,7 +14,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -167,6 +168,30 @@ def server_process() -> Iterator[Callable[..., ServerProcess]]:
     yield start
     for proc in started:
         proc.close()
+
+
+@contextlib.asynccontextmanager
+async def loop_gaps(interval: float) -> AsyncIterator[list[float]]:
+    """Ticks on the running event loop every ``interval`` seconds while the block runs;
+    the list it yields collects the time between ticks, so its max is the longest the
+    loop was held up."""
+    gaps = [0.0]
+    done = asyncio.Event()
+
+    async def tick() -> None:
+        last = time.monotonic()
+        while not done.is_set():
+            await asyncio.sleep(interval)
+            now = time.monotonic()
+            gaps.append(now - last)
+            last = now
+
+    ticking = asyncio.create_task(tick())
+    try:
+        yield gaps
+    finally:
+        done.set()
+        await ticking
 
 
 @contextlib.contextmanager

@@ -25,7 +25,7 @@ from colossalai_exporter.node.gpu import GpuCollector
 from colossalai_exporter.node.host import HostCollector
 from colossalai_exporter.node.ranks import RanksCollector
 from colossalai_exporter.node.rendezvous import Endpoint, RendezvousCollector
-from conftest import syn_dropping_port
+from conftest import loop_gaps, syn_dropping_port
 from gpu_helpers import Scenario, gpu
 
 # The longest a healthy event loop goes without running the ticker, on a loaded
@@ -47,24 +47,11 @@ def scrape_beside_a_ticker(agent: Agent, executor_calls: list[Any] | None = None
                 return real(*args)
 
             loop.run_in_executor = counting  # type: ignore[method-assign]
-        gaps = [0.0]
-        done = asyncio.Event()
-
-        async def ticker() -> None:
-            last = time.monotonic()
-            while not done.is_set():
-                await asyncio.sleep(0.005)
-                now = time.monotonic()
-                gaps.append(now - last)
-                last = now
-
-        ticking = asyncio.create_task(ticker())
-        await asyncio.sleep(0.02)
-        start = time.monotonic()
-        families = await agent.collect_async()
-        took = time.monotonic() - start
-        done.set()
-        await ticking
+        async with loop_gaps(0.005) as gaps:
+            await asyncio.sleep(0.02)
+            start = time.monotonic()
+            families = await agent.collect_async()
+            took = time.monotonic() - start
         return families, took, max(gaps)
 
     return asyncio.run(main())

@@ -28,6 +28,7 @@ from colossalai_exporter.bridge.store import (
     StoreError,
 )
 from colossalai_exporter.bridge.workers import TargetWorker
+from conftest import loop_gaps
 
 
 def _item(n: int) -> IngestItem:
@@ -107,25 +108,12 @@ def test_a_slow_disk_does_not_stall_the_event_loop(store: Store) -> None:
     committer.start()
 
     async def main() -> tuple[list[IngestResult], float]:
-        gaps: list[float] = []
-        stop = asyncio.Event()
-
-        async def ticker() -> None:
-            last = time.monotonic()
-            while not stop.is_set():
-                await asyncio.sleep(0.01)
-                now = time.monotonic()
-                gaps.append(now - last)
-                last = now
-
-        ticking = asyncio.create_task(ticker())
-        await asyncio.sleep(0.05)
-        first = asyncio.gather(*(committer.ingest(_item(n)) for n in range(3)))
-        await asyncio.sleep(0.1)  # the first group's commit is still running
-        second = asyncio.gather(*(committer.ingest(_item(n)) for n in range(3, 6)))
-        results = [*await first, *await second]
-        stop.set()
-        await ticking
+        async with loop_gaps(0.01) as gaps:
+            await asyncio.sleep(0.05)
+            first = asyncio.gather(*(committer.ingest(_item(n)) for n in range(3)))
+            await asyncio.sleep(0.1)  # the first group's commit is still running
+            second = asyncio.gather(*(committer.ingest(_item(n)) for n in range(3, 6)))
+            results = [*await first, *await second]
         return results, max(gaps)
 
     try:

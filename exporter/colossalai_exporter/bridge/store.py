@@ -527,9 +527,6 @@ class DedupIndex:
         self._seen: dict[tuple[str, str], float] = {}
         self.add(rows)
 
-    def __len__(self) -> int:
-        return len(self._seen)
-
     def seen_at(self, target: str, key: str) -> float | None:
         return self._seen.get((target, key))
 

@@ -28,44 +28,15 @@ Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 
 
+@dataclass
 class Request:
-    """One HTTP request as the App's handlers see it.
-
-    Headers and query parameters are decoded on first use: most requests (a scrape,
-    a notification) read one or two headers, and decoding all of them up front
-    was a measurable part of the bridge's per-request cost (bench/RESULTS.md).
-    """
-
-    __slots__ = ("_headers", "_query", "_query_string", "_raw_headers", "body", "client",
-                 "method", "path", "scheme")
-
-    def __init__(self, method: str, path: str, raw_headers: Iterable[tuple[bytes, bytes]] = (),
-                 query_string: bytes = b"", body: bytes = b"",
-                 client: tuple[str, int] | None = None, scheme: str = "http") -> None:
-        self.method = method
-        self.path = path
-        self.body = body
-        self.client = client
-        self.scheme = scheme
-        self._raw_headers = raw_headers
-        self._query_string = query_string
-        self._headers: dict[str, str] | None = None
-        self._query: dict[str, list[str]] | None = None
-
-    @property
-    def headers(self) -> dict[str, str]:
-        """Lower-case names to values; a repeated header keeps its last value."""
-        if self._headers is None:
-            # ASGI servers hand over lower-case names; lower() again for any other caller.
-            self._headers = {k.decode("latin-1").lower(): v.decode("latin-1")
-                             for k, v in self._raw_headers}
-        return self._headers
-
-    @property
-    def query(self) -> dict[str, list[str]]:
-        if self._query is None:
-            self._query = parse_qs(self._query_string.decode("latin-1"))
-        return self._query
+    method: str
+    path: str
+    query: dict[str, list[str]]
+    headers: dict[str, str]
+    body: bytes = b""
+    client: tuple[str, int] | None = None
+    scheme: str = "http"
 
     def arg(self, name: str) -> str | None:
         """The last value of a query parameter, or None."""
@@ -233,11 +204,15 @@ class App:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             return  # lifespan is off; websockets are not served
-        client = scope.get("client")
-        request = Request(scope["method"], scope["path"], scope["headers"],
-                          scope.get("query_string", b""),
-                          client=tuple(client) if client else None,
-                          scheme=scope.get("scheme", "http"))
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        request = Request(
+            method=scope["method"],
+            path=scope["path"],
+            query=parse_qs(scope.get("query_string", b"").decode("latin-1")),
+            headers=headers,
+            client=tuple(scope["client"]) if scope.get("client") else None,
+            scheme=scope.get("scheme", "http"),
+        )
         try:
             response = await self.handle(request, receive)
         except ConnectionResetError:
