@@ -195,6 +195,20 @@ async def loop_gaps(interval: float) -> AsyncIterator[list[float]]:
 
 
 @contextlib.contextmanager
+def refused_port() -> Iterator[int]:
+    """A loopback port that refuses connections for as long as the block runs.
+
+    Bound but not listening: a connect gets ECONNREFUSED, as from a finished job's
+    master, and nothing else can take the port meanwhile. A port from free_port()
+    can be taken by the next process that binds an ephemeral port (gloo's ranks
+    bind several), after which connects to it succeed.
+    """
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield int(sock.getsockname()[1])
+
+
+@contextlib.contextmanager
 def syn_dropping_port() -> Iterator[int]:
     """A loopback port whose accept queue is full, so that it drops new SYNs as a
     firewall that drops packets does: a connect to it hangs until its timeout."""

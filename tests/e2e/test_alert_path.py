@@ -56,6 +56,7 @@ from conftest import (
     cli_env,
     free_port,
     http_get,
+    refused_port,
     require,
     wait_until,
 )
@@ -290,7 +291,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
              "--disk", f"nvme_offload={tmp / 'nvme-not-mounted'}",  # a broken path
              # torchrun's store, and a port nothing listens on (a finished job's master)
              "--rendezvous.target", f"127.0.0.1:{master_port}",
-             "--rendezvous.target", f"127.0.0.1:{free_port()}"], agent_port,
+             "--rendezvous.target", f"127.0.0.1:{stop.enter_context(refused_port())}"],
+            agent_port,
             cli_env(COLOSSALAI_EXPORTER_FAKE_NVML=str(nvml.path)))
         stop.callback(agent.close)
         prober_port = free_port()
