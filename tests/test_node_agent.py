@@ -17,9 +17,9 @@ from colossalai_exporter import catalogue
 from conftest import (
     REPO,
     cli_env,
-    free_port,
     http_get,
     is_root,
+    refused_port,
     require,
     require_binary,
     run_cli,
@@ -183,10 +183,10 @@ def test_mode_0555_directory_is_not_writable_for_non_root(tmp_path: Path) -> Non
 
 
 def test_rendezvous_closed_port_is_refused(server_process) -> None:
-    closed = free_port()
-    agent = server_process("node", NO_GPU, "--no-collector.disk",
-                           "--rendezvous.target", f"127.0.0.1:{closed}")
-    text = scrape(agent.url)
+    with refused_port() as closed:
+        agent = server_process("node", NO_GPU, "--no-collector.disk",
+                               "--rendezvous.target", f"127.0.0.1:{closed}")
+        text = scrape(agent.url)
     assert value(text, "colossalai_nccl_up", target=f"127.0.0.1:{closed}") == 0
     assert value(text, "colossalai_nccl_failure_info", target=f"127.0.0.1:{closed}",
                  reason="refused") == 1

@@ -23,7 +23,14 @@ from chat_servers import (
 )
 from colossalai_exporter import catalogue
 from colossalai_exporter.chat import instrument
-from conftest import ServerProcess, cli_env, free_port, http_get, require_binary
+from conftest import (
+    ServerProcess,
+    cli_env,
+    free_port,
+    http_get,
+    refused_port,
+    require_binary,
+)
 
 CONFIG = """
 allow:
@@ -158,13 +165,14 @@ def test_colossal_inference_running_then_engine_error_under_200(setup: dict[str,
 
 
 def test_refused_on_a_closed_port(setup: dict[str, Any]) -> None:
-    started = time.monotonic()
-    _, _, samples = probe(setup, f"http://127.0.0.1:{free_port()}", "http_2xx")
-    assert_failed(samples, "refused")
-    assert value(samples, "probe_http_status_code") == 0.0
-    assert time.monotonic() - started < 2
-    _, _, samples = probe(setup, f"127.0.0.1:{free_port()}", "tcp_connect")
-    assert_failed(samples, "refused")
+    with refused_port() as closed:
+        started = time.monotonic()
+        _, _, samples = probe(setup, f"http://127.0.0.1:{closed}", "http_2xx")
+        assert_failed(samples, "refused")
+        assert value(samples, "probe_http_status_code") == 0.0
+        assert time.monotonic() - started < 2
+        _, _, samples = probe(setup, f"127.0.0.1:{closed}", "tcp_connect")
+        assert_failed(samples, "refused")
 
 
 def test_timeout_is_bounded_by_the_module_and_by_the_scrape_timeout(
@@ -341,10 +349,11 @@ def test_debug_shows_the_probe_log(setup: dict[str, Any]) -> None:
 def test_outputs_are_promtool_clean_and_catalogued(setup: dict[str, Any]) -> None:
     promtool = require_binary("promtool")
     known = catalogue.known_sample_names()
-    texts = [probe(setup, setup["inference_url"], "colossal_inference")[1],
-             probe(setup, f"http://127.0.0.1:{free_port()}", "http_2xx")[1],
-             probe(setup, setup["tls_url"], "tls_ca")[1],
-             probe(setup, "127.0.0.1:1", "tcp_connect")[1]]
+    with refused_port() as closed:
+        texts = [probe(setup, setup["inference_url"], "colossal_inference")[1],
+                 probe(setup, f"http://127.0.0.1:{closed}", "http_2xx")[1],
+                 probe(setup, setup["tls_url"], "tls_ca")[1],
+                 probe(setup, "127.0.0.1:1", "tcp_connect")[1]]
     probe(setup, "10.255.255.1:8080", "tcp_connect")  # a rejection, counted
     status, _, body = http_get(setup["prober"].url + "/metrics")
     assert status == 200

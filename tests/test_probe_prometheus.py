@@ -21,6 +21,7 @@ from conftest import (
     cli_env,
     free_port,
     http_get,
+    refused_port,
     require_binary,
     stop_process,
     wait_until,
@@ -63,8 +64,8 @@ def test_prometheus_sees_probe_success_per_target(tmp_path: Path) -> None:
     prober_port, prom_port = free_port(), free_port()
     prober = ServerProcess(["probe", "--web.listen-address", f"127.0.0.1:{prober_port}"],
                            prober_port, cli_env())
-    with served(inference_app({"engine": "Running"})) as healthy:
-        refused = f"http://127.0.0.1:{free_port()}"
+    with served(inference_app({"engine": "Running"})) as healthy, refused_port() as closed:
+        refused = f"http://127.0.0.1:{closed}"
         config = tmp_path / "prometheus.yml"
         config.write_text(SCRAPE_CONFIG.format(healthy=healthy, refused=refused,
                                                prober=f"127.0.0.1:{prober_port}"))

@@ -14,7 +14,7 @@ import pytest
 
 from colossalai_exporter import TrainingMonitor
 from colossalai_exporter.training.heartbeat import redact
-from conftest import free_port, wait_until
+from conftest import refused_port, wait_until
 
 TOKEN = "s3cret-token-123"
 
@@ -93,8 +93,9 @@ def test_step_and_checkpoint_pings_reach_the_service(
 
 def test_refusing_service_is_counted_and_steps_are_not_slowed(
         tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    url = f"http://127.0.0.1:{free_port()}/api/heartbeat/{TOKEN}"  # nothing listens
-    with caplog.at_level(logging.WARNING, "colossalai_exporter.training"):
+    with refused_port() as port, caplog.at_level(logging.WARNING,
+                                                 "colossalai_exporter.training"):
+        url = f"http://127.0.0.1:{port}/api/heartbeat/{TOKEN}"
         monitor = TrainingMonitor(serve="none", run_dir=tmp_path, step_heartbeat_url=url,
                                   checkpoint_heartbeat_url=url, heartbeat_every=1)
         try:

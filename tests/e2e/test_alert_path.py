@@ -255,7 +255,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         instrument(app, ready=lambda: True)
         chat = stop.enter_context(served(app))
         broken_chat = stop.enter_context(served(inference_app({"engine": "Error"})))
-        dead_chat = f"http://127.0.0.1:{free_port()}"
+        dead_chat = f"http://127.0.0.1:{stop.enter_context(refused_port())}"
 
         bridge_config = write_config(tmp / "bridge.yml", tmp / "bridge-state", [
             {"name": "watchdog", "type": "heartbeat", "url": vigilmon.heartbeat_url("watchdog"),
