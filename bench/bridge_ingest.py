@@ -34,6 +34,15 @@ a minute; at hundreds of notifications a second even 1 % over-represents it).
 10,000 timed notifications by default: with 3,000, the do-nothing endpoint's run
 lasted 0.1 s and its rate moved by a third from one run to the next.
 
+``--client wrk`` loads every server with wrk (Debian package ``wrk``) instead:
+a C load generator that takes 10-14 µs of CPU per request where the Python one
+takes 27-29, to show whether the client's share of a two-core machine shapes
+the rates (it does not: bench/RESULTS.md). Each run then lasts ``--duration``
+seconds instead of a count of notifications; its Lua script (:data:`WRK_SCRIPT`)
+builds ``--wrk-requests`` distinct notifications before the clock starts. The
+Python client stays the default so that results stay comparable with the
+earlier ones in bench/RESULTS.md.
+
 ``--http h11`` runs both servers on uvicorn's h11 protocol instead of httptools
 (the project's), for comparison with results from before the switch.
 """
@@ -46,6 +55,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import statistics
@@ -208,6 +218,96 @@ def run_client(port: int, start: int, count: int, warmup: int, connections: int,
     out = subprocess.run([sys.executable, __file__, "_client", json.dumps(spec)],
                          capture_output=True, text=True, timeout=600, check=True)
     return json.loads(out.stdout)  # type: ignore[no-any-return]
+
+
+# -- the wrk load generator ------------------------------------------------------------
+
+RUN_ID_SLOT = "@" * 12  # replaced in every request by a 12-digit id of its own
+# Bodies are templates from notification(), one per line, whose run id (in every
+# alert's labels, the group labels and the group key) the script replaces, so that
+# no two requests share a group key and nothing is deduplicated away, as with the
+# Python client. A thread's ids start with its run's base plus its number.
+WRK_SCRIPT = r"""
+local threads = {}
+function setup(thread)
+  thread:set("thread_number", #threads)
+  threads[#threads + 1] = thread
+end
+
+-- Every request is built here, before the clock starts: building it in request()
+-- took wrk from 8 to 29 us of CPU per request, as much as the Python client.
+local requests, count, sent = {}, 0, 0
+function init(args)
+  local templates = {}
+  for line in io.lines(args[1]) do
+    templates[#templates + 1] = line
+  end
+  local prefix = string.format("%04d", tonumber(args[2]) + thread_number)
+  wrk.method = "POST"
+  wrk.path = "/alertmanager"
+  wrk.headers["Authorization"] = "Bearer " .. args[3]
+  wrk.headers["Content-Type"] = "application/json"
+  wrk.headers["User-Agent"] = "Alertmanager/0.25.0"
+  count = tonumber(args[4])
+  for n = 1, count do
+    local id = prefix .. string.format("%08d", n)
+    local body = templates[n % #templates + 1]:gsub("@@@@@@@@@@@@", id)
+    requests[n] = wrk.format(nil, nil, nil, body)
+  end
+  cpu_ready = os.clock()  -- wrk's CPU seconds so far: done() reports the run's
+end
+
+function request()
+  -- Past the end it starts again: repeats, which the bridge deduplicates, and
+  -- which run_wrk refuses for it.
+  sent = sent + 1
+  return requests[(sent - 1) % count + 1]
+end
+
+function done(summary, latency, requests)
+  local e = summary.errors
+  local ready = 0
+  for _, thread in ipairs(threads) do
+    ready = math.max(ready, thread:get("cpu_ready"))
+  end
+  io.write(string.format(
+    "WRK_RESULT {\"requests\": %d, \"duration_us\": %d, \"p50_us\": %d, " ..
+    "\"p99_us\": %d, \"errors\": %d, \"client_cpu_s\": %.6f}\n", summary.requests,
+    summary.duration, latency:percentile(50), latency:percentile(99),
+    e.connect + e.read + e.write + e.status + e.timeout, os.clock() - ready))
+end
+"""
+
+
+def wrk_templates(path: Path, count: int = 1000) -> None:
+    """``count`` notification bodies with their run id left as :data:`RUN_ID_SLOT`."""
+    rng = random.Random(0)
+    with path.open("w") as out:
+        for index in range(count):
+            body = json.dumps(notification(index, rng))
+            out.write(body.replace(f"run-{index:06d}", f"run-{RUN_ID_SLOT}") + "\n")
+
+
+def run_wrk(port: int, seconds: float, base: int, connections: int, workdir: Path,
+            unique: int) -> dict[str, Any]:
+    """One wrk run against ``port``: requests, duration, latency, error counts and
+    wrk's CPU per request; ``unique``: how many distinct requests to build."""
+    script, templates = workdir / "notifications.lua", workdir / "notifications.jsonl"
+    if not script.exists():
+        script.write_text(WRK_SCRIPT)
+        wrk_templates(templates)
+    out = subprocess.run(
+        ["wrk", "--threads", "1", "--connections", str(connections), "--duration",
+         f"{seconds:g}s", "--timeout", "10s", "--script", str(script),
+         f"http://127.0.0.1:{port}", "--", str(templates), str(base), TOKEN, str(unique)],
+        capture_output=True, text=True, timeout=seconds + 120, check=True)
+    for line in out.stdout.splitlines():
+        if line.startswith("WRK_RESULT "):
+            result: dict[str, Any] = json.loads(line.split(" ", 1)[1])
+            # wrk's CPU from the end of building its requests to the end of the run.
+            cpu_us = result["client_cpu_s"] / max(1, result["requests"]) * 1e6
+            return {**result, "client_cpu_us": cpu_us}
+    raise SystemExit(f"wrk printed no result:\n{out.stdout}\n{out.stderr}")
 
 
 # -- the do-nothing server and the sink (their own processes) ---------------------------
@@ -405,35 +505,60 @@ def summary(result: dict[str, Any], count: int) -> dict[str, float]:
 
 
 def load(proc: subprocess.Popen[bytes], port: int, number: int,
-         args: argparse.Namespace) -> dict[str, float]:
-    """Run the client against a server; its rate and latency, and the server's CPU
-    (user and system, all its threads) per request, warm-up included."""
+         args: argparse.Namespace, workdir: Path, stores: bool = False) -> dict[str, float]:
+    """Run the client against a server; its rate and latency, the server's CPU (user
+    and system, all its threads) per request, and how many requests were sent.
+    ``stores``: the server is the bridge, for which repeats would be less work."""
     import psutil
 
     server = psutil.Process(proc.pid)
+    if args.client == "wrk":
+        unique = args.wrk_requests
+        warm = run_wrk(port, 1, number * 100, args.connections, workdir, unique)
+        before = server.cpu_times()
+        timed = run_wrk(port, args.duration, number * 100 + 50, args.connections, workdir,
+                        unique)
+        after = server.cpu_times()
+        if warm["errors"] or timed["errors"]:
+            raise SystemExit(f"wrk saw errors or non-2xx answers: {warm}, {timed}")
+        if stores and max(warm["requests"], timed["requests"]) > unique:
+            raise SystemExit(f"wrk sent more than the {unique} distinct notifications it "
+                             "built: raise --wrk-requests")
+        cpu = (after.user + after.system) - (before.user + before.system)
+        return {"rate": timed["requests"] / (timed["duration_us"] / 1e6),
+                "p50": timed["p50_us"] / 1e3, "p99": timed["p99_us"] / 1e3,
+                "cpu_us": cpu / timed["requests"] * 1e6,
+                "client_cpu_us": timed["client_cpu_us"],
+                # wrk counts answered requests; those in flight when it stopped (at
+                # most one per connection and run) reached the server too.
+                "sent": warm["requests"] + timed["requests"],
+                "in_flight": 2 * args.connections}
     before = server.cpu_times()
     result = run_client(port, 0, args.notifications, args.warmup, args.connections, number)
     after = server.cpu_times()
     cpu = (after.user + after.system) - (before.user + before.system)
     return {**summary(result, args.notifications),
-            "cpu_us": cpu / (args.notifications + args.warmup) * 1e6}
+            "cpu_us": cpu / (args.notifications + args.warmup) * 1e6,
+            "sent": args.notifications + args.warmup, "in_flight": 0}
 
 
-def measure_server(mode: str, number: int, args: argparse.Namespace) -> dict[str, float]:
+def measure_server(mode: str, number: int, args: argparse.Namespace,
+                   workdir: Path) -> dict[str, float]:
     """Start the ``_noop`` or ``_app_route`` server, load it, stop it."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, __file__, mode, str(port), args.http], env=env())
     try:
         wait_http(f"http://127.0.0.1:{port}/", proc)
-        return load(proc, port, number, args)
+        return load(proc, port, number, args, workdir)
     finally:
         stop(proc)
 
 
 def one_round(number: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     me = [sys.executable, __file__]
-    base = measure_server("_noop", number, args)
-    app_route = measure_server("_app_route", number, args) if args.app_route else None
+    base = measure_server("_noop", number, args, workdir)
+    app_route = (measure_server("_app_route", number, args, workdir) if args.app_route
+                 else None)
 
     rdir = workdir / f"round{number}"
     rdir.mkdir()
@@ -442,13 +567,13 @@ def one_round(number: int, args: argparse.Namespace, workdir: Path) -> dict[str,
     bridge_port = free_port()
     bridge = start_bridge(config, bridge_port, rdir / "bridge.log", args.http)
     try:
-        ours = load(bridge, bridge_port, number, args)
+        ours = load(bridge, bridge_port, number, args, workdir, stores=True)
         received = metric(bridge_port, "colossalai_bridge_notifications_received_total")
         pending = metric(bridge_port, "colossalai_bridge_queue_depth")
     finally:
         stop(bridge)
-    if received != args.notifications + args.warmup:
-        raise SystemExit(f"bridge counted {received} notifications")
+    if not ours["sent"] <= received <= ours["sent"] + ours["in_flight"]:
+        raise SystemExit(f"bridge counted {received} notifications of {ours['sent']} sent")
 
     sink = subprocess.Popen([*me, "_sink", str(sink_port)], env=env())
     try:
@@ -490,12 +615,25 @@ def main() -> int:
     parser.add_argument("--http", choices=("httptools", "h11"), default="httptools",
                         help="uvicorn protocol of both servers (httptools: what the "
                         "project serves on)")
+    parser.add_argument("--client", choices=("python", "wrk"), default="python",
+                        help="load generator: this script's asyncio client, or wrk")
+    parser.add_argument("--duration", type=float, default=5.0,
+                        help="seconds per timed run with --client wrk (after 1 s of "
+                        "warm-up); --notifications and --warmup apply to the Python client")
+    parser.add_argument("--wrk-requests", type=int, default=60000,
+                        help="distinct notifications wrk builds per run (about 4.5 KB of "
+                        "memory each): more than the bridge takes in one run")
     args = parser.parse_args()
+    if args.client == "wrk" and shutil.which("wrk") is None:
+        parser.error("--client wrk needs wrk on PATH (apt-get install wrk)")
     sizes = [len(r) for r in encoded_requests(1, 0, 1000, 0)]
     alerts = [len(notification(i, random.Random(0))["alerts"]) for i in range(1000)]
-    print(f"{os.cpu_count()} cores, Python {sys.version.split()[0]}; {args.notifications} "
-          f"timed notifications per run after {args.warmup} warm-up, {args.connections} "
-          f"keep-alive connections, HTTP protocol {args.http}; request size median "
+    runs = (f"wrk, {args.duration:g} s per run after 1 s warm-up" if args.client == "wrk"
+            else f"Python client, {args.notifications} timed notifications per run after "
+            f"{args.warmup} warm-up")
+    print(f"{os.cpu_count()} cores, Python {sys.version.split()[0]}; {runs}, "
+          f"{args.connections} keep-alive connections, HTTP protocol {args.http}; "
+          f"request size median "
           f"{statistics.median(sizes):.0f} B "
           f"(max {max(sizes)}), alerts per notification mean {statistics.mean(alerts):.1f}\n")
     rows = []
@@ -506,14 +644,17 @@ def main() -> int:
             app_route = (f"App route {row['app_route']['rate']:.0f}/s "
                          f"{row['app_route']['cpu_us']:.0f} us CPU/req | "
                          if row["app_route"] else "")
+            client = ("" if "client_cpu_us" not in row["bridge"] else
+                      f" | wrk CPU/req {row['noop']['client_cpu_us']:.0f} us (do-nothing), "
+                      f"{row['bridge']['client_cpu_us']:.0f} us (bridge)")
             print(f"round {number}: do-nothing {row['noop']['rate']:.0f}/s "
                   f"p99 {row['noop']['p99']:.1f} ms {row['noop']['cpu_us']:.0f} us CPU/req | "
                   f"{app_route}bridge {row['bridge']['rate']:.0f}/s "
                   f"{row['bridge']['cpu_us']:.0f} us CPU/req "
                   f"p50 {row['bridge']['p50']:.1f} ms p99 {row['bridge']['p99']:.1f} ms "
                   f"| ratio {row['bridge']['rate'] / row['noop']['rate']:.2f} | delivery "
-                  f"{row['delivery']['rate']:.0f}/s ({row['delivery']['count']} deliveries)",
-                  flush=True)
+                  f"{row['delivery']['rate']:.0f}/s ({row['delivery']['count']} deliveries)"
+                  f"{client}", flush=True)
     print("\n| round | do-nothing rate | do-nothing p99 | App route rate | bridge rate | "
           "bridge p50 | bridge p99 | ratio | delivery rate |")
     print("|---|---|---|---|---|---|---|---|---|")
