@@ -66,6 +66,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -222,7 +223,9 @@ def run_client(port: int, start: int, count: int, warmup: int, connections: int,
 
 # -- the wrk load generator ------------------------------------------------------------
 
-RUN_ID_SLOT = "@" * 12  # replaced in every request by a 12-digit id of its own
+# Replaced in every request by a 12-digit id of its own ("@" is no magic character
+# in a Lua pattern, so the script can use it as one as it is).
+RUN_ID_SLOT = "@" * 12
 # Bodies are templates from notification(), one per line, whose run id (in every
 # alert's labels, the group labels and the group key) the script replaces, so that
 # no two requests share a group key and nothing is deduplicated away, as with the
@@ -251,7 +254,7 @@ function init(args)
   count = tonumber(args[4])
   for n = 1, count do
     local id = prefix .. string.format("%08d", n)
-    local body = templates[n % #templates + 1]:gsub("@@@@@@@@@@@@", id)
+    local body = templates[n % #templates + 1]:gsub(args[5], id)
     requests[n] = wrk.format(nil, nil, nil, body)
   end
   cpu_ready = os.clock()  -- wrk's CPU seconds so far: done() reports the run's
@@ -264,7 +267,7 @@ function request()
   return requests[(sent - 1) % count + 1]
 end
 
-function done(summary, latency, requests)
+function done(summary, latency, _)
   local e = summary.errors
   local ready = 0
   for _, thread in ipairs(threads) do
@@ -299,7 +302,8 @@ def run_wrk(port: int, seconds: float, base: int, connections: int, workdir: Pat
     out = subprocess.run(
         ["wrk", "--threads", "1", "--connections", str(connections), "--duration",
          f"{seconds:g}s", "--timeout", "10s", "--script", str(script),
-         f"http://127.0.0.1:{port}", "--", str(templates), str(base), TOKEN, str(unique)],
+         f"http://127.0.0.1:{port}", "--", str(templates), str(base), TOKEN, str(unique),
+         RUN_ID_SLOT],
         capture_output=True, text=True, timeout=seconds + 120, check=True)
     for line in out.stdout.splitlines():
         if line.startswith("WRK_RESULT "):
@@ -512,34 +516,42 @@ def load(proc: subprocess.Popen[bytes], port: int, number: int,
     import psutil
 
     server = psutil.Process(proc.pid)
+
+    def server_cpu() -> float:
+        times = server.cpu_times()
+        return times.user + times.system
+
     if args.client == "wrk":
-        unique = args.wrk_requests
-        warm = run_wrk(port, 1, number * 100, args.connections, workdir, unique)
-        before = server.cpu_times()
-        timed = run_wrk(port, args.duration, number * 100 + 50, args.connections, workdir,
-                        unique)
-        after = server.cpu_times()
-        if warm["errors"] or timed["errors"]:
-            raise SystemExit(f"wrk saw errors or non-2xx answers: {warm}, {timed}")
-        if stores and max(warm["requests"], timed["requests"]) > unique:
-            raise SystemExit(f"wrk sent more than the {unique} distinct notifications it "
-                             "built: raise --wrk-requests")
-        cpu = (after.user + after.system) - (before.user + before.system)
-        return {"rate": timed["requests"] / (timed["duration_us"] / 1e6),
-                "p50": timed["p50_us"] / 1e3, "p99": timed["p99_us"] / 1e3,
-                "cpu_us": cpu / timed["requests"] * 1e6,
-                "client_cpu_us": timed["client_cpu_us"],
-                # wrk counts answered requests; those in flight when it stopped (at
-                # most one per connection and run) reached the server too.
-                "sent": warm["requests"] + timed["requests"],
-                "in_flight": 2 * args.connections}
-    before = server.cpu_times()
+        return load_wrk(server_cpu, port, number, args, workdir, stores)
+    before = server_cpu()
     result = run_client(port, 0, args.notifications, args.warmup, args.connections, number)
-    after = server.cpu_times()
-    cpu = (after.user + after.system) - (before.user + before.system)
+    cpu = server_cpu() - before
     return {**summary(result, args.notifications),
             "cpu_us": cpu / (args.notifications + args.warmup) * 1e6,
             "sent": args.notifications + args.warmup, "in_flight": 0}
+
+
+def load_wrk(server_cpu: Callable[[], float], port: int, number: int,
+             args: argparse.Namespace, workdir: Path, stores: bool) -> dict[str, float]:
+    """:func:`load` with wrk: 1 s of warm-up, then ``--duration`` seconds timed."""
+    unique = args.wrk_requests
+    warm = run_wrk(port, 1, number * 100, args.connections, workdir, unique)
+    before = server_cpu()
+    timed = run_wrk(port, args.duration, number * 100 + 50, args.connections, workdir, unique)
+    cpu = server_cpu() - before
+    if warm["errors"] or timed["errors"]:
+        raise SystemExit(f"wrk saw errors or non-2xx answers: {warm}, {timed}")
+    if stores and max(warm["requests"], timed["requests"]) > unique:
+        raise SystemExit(f"wrk sent more than the {unique} distinct notifications it "
+                         "built: raise --wrk-requests")
+    return {"rate": timed["requests"] / (timed["duration_us"] / 1e6),
+            "p50": timed["p50_us"] / 1e3, "p99": timed["p99_us"] / 1e3,
+            "cpu_us": cpu / timed["requests"] * 1e6,
+            "client_cpu_us": timed["client_cpu_us"],
+            # wrk counts answered requests; those in flight when it stopped (at most
+            # one per connection and run) reached the server too.
+            "sent": warm["requests"] + timed["requests"],
+            "in_flight": 2 * args.connections}
 
 
 def measure_server(mode: str, number: int, args: argparse.Namespace,
