@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
+from colossalai_exporter.rulesgen.rules import ALERT_NAMES, CAUSE_ALERTS, CONSEQUENCE_ALERTS
 from conftest import REPO, http_get, require_binary, wait_until
 from prometheus_helpers import running_alertmanager
 
@@ -94,10 +95,20 @@ def test_receivers_read_secrets_from_files_and_send_resolved() -> None:
 
 
 def test_critical_inhibits_warning_and_info_of_the_same_alert_and_job() -> None:
-    (rule,) = _config()["inhibit_rules"]
+    rule = _config()["inhibit_rules"][0]
     assert rule == {"source_matchers": ['severity="critical"'],
                     "target_matchers": ['severity=~"warning|info"'],
                     "equal": ["alertname", "job"]}
+
+
+def test_cause_alerts_inhibit_their_runs_consequences_as_the_rules_define_them() -> None:
+    # One list of causes and consequences, in the rules generator; the config follows it.
+    rule = _config()["inhibit_rules"][1]
+    assert rule == {
+        "source_matchers": [f'alertname=~"{"|".join(CAUSE_ALERTS)}"'],
+        "target_matchers": [f'alertname=~"{"|".join(CONSEQUENCE_ALERTS)}"'],
+        "equal": ["run"]}
+    assert set(CAUSE_ALERTS) | set(CONSEQUENCE_ALERTS) <= set(ALERT_NAMES)
 
 
 STALLED = {
@@ -220,4 +231,43 @@ def test_real_alertmanager_inhibits_warning_of_same_alert_and_job(tmp_path: Path
         seen: list[dict[tuple[str, str], str] | None] = []
         wait_until(lambda: seen.append(states()) or seen[-1] == expected, timeout=10,
                    what="the warning to be inhibited")
+        assert seen[-1] == expected
+
+
+@pytest.mark.slow
+def test_real_alertmanager_mutes_a_runs_consequences_under_its_cause(tmp_path: Path) -> None:
+    """A fatal OOM of run r1 mutes r1's rank-down and rendezvous alerts, not run r2's."""
+    with running_alertmanager(CONFIG, tmp_path) as url:
+        def alert(name: str, run: str, rank: str = "1") -> dict[str, Any]:
+            return {"labels": {"alertname": name, "severity": "critical", "run": run,
+                               "job": "colossalai-node", "instance": "node-3:9466",
+                               "rank": rank},
+                    "annotations": {"summary": "s", "description": "d"}}
+
+        body = json.dumps([alert("GeminiOutOfMemory", "r1"),
+                           alert("TrainingRankDown", "r1"),
+                           alert("TrainingRankDown", "r1", rank="0"),
+                           alert("NCCLRendezvousDown", "r1", rank=""),
+                           alert("TrainingRankDown", "r2")]).encode()
+        request = urllib.request.Request(url + "/api/v2/alerts", data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.status == 200
+
+        def states() -> dict[tuple[str, str, str], str] | None:
+            alerts = json.loads(http_get(url + "/api/v2/alerts", timeout=2)[2])
+            got = {(a["labels"]["alertname"], a["labels"]["run"], a["labels"].get("rank", "")):
+                   a["status"]["state"] for a in alerts}
+            return got if len(got) == 5 and "unprocessed" not in got.values() else None
+
+        expected = {
+            ("GeminiOutOfMemory", "r1", "1"): "active",
+            ("TrainingRankDown", "r1", "1"): "suppressed",
+            ("TrainingRankDown", "r1", "0"): "suppressed",
+            ("NCCLRendezvousDown", "r1", ""): "suppressed",
+            ("TrainingRankDown", "r2", "1"): "active",
+        }
+        seen: list[dict[tuple[str, str, str], str] | None] = []
+        wait_until(lambda: seen.append(states()) or seen[-1] == expected, timeout=10,
+                   what="run r1's consequences to be inhibited")
         assert seen[-1] == expected

@@ -42,6 +42,8 @@ scrape_configs:
             (stalled,) = wait_until(lambda: prometheus.alerts("TrainingStalled"), timeout=60,
                                     interval=0.25, what="TrainingStalled firing")
             target = f"127.0.0.1:{demo.port}"
+            run = stalled["labels"].pop("run")
+            assert run.startswith("demo-")  # one id for the demo's ranks, none of torchrun's
             assert stalled["labels"] == {"alertname": "TrainingStalled", "severity": "critical",
                                          "job": "colossalai-training", "instance": target,
                                          "rank": "0"}
@@ -62,5 +64,6 @@ scrape_configs:
                                  interval=0.25, what="TrainingRankDown firing")
             assert down["labels"]["rank"] == "1" and down["labels"]["cause"] == "process"
             assert down["labels"]["job"] == "colossalai-node"
+            assert down["labels"]["run"] == run  # the same run: a cause alert would mute it
     finally:
         demo.close()

@@ -12,6 +12,7 @@ import pytest
 
 from colossalai_exporter import TrainingMonitor
 from colossalai_exporter.training import Budgets, classify_oom
+from colossalai_exporter.training.device_loss import DeviceLossReader
 from colossalai_exporter.training.families import families
 from colossalai_exporter.training.monitor import detect_ranks
 from colossalai_exporter.training.state import judge
@@ -80,9 +81,9 @@ def test_with_block_and_plain_call_count_steps(tmp_path: Path) -> None:
 
 
 def test_budget_is_learned_with_a_floor_and_can_be_fixed() -> None:
-    budgets = Budgets(step_factor=5, step_floor=10, startup=900, checkpoint=300)
+    budgets = Budgets(step_factor=5, step_floor=10, startup=900, checkpoint=300, kernels=400)
     assert budgets.for_phase("init", None) == 900
-    assert budgets.for_phase("kernels", None) == 900
+    assert budgets.for_phase("kernels", None) == 400
     assert budgets.for_phase("training", None) == 900  # no step yet: start-up budget
     assert budgets.for_phase("training", 1.0) == 10  # 5 x 1 s is under the floor
     assert budgets.for_phase("training", 4.0) == 20
@@ -195,21 +196,95 @@ def test_loss_tensor_on_cpu_is_converted_off_the_hot_path(tmp_path: Path) -> Non
         monitor.close()
 
 
-class DeviceTensor:
-    """Stands in for a CUDA tensor (none here): a ``device`` of type "cuda" and ``item()``.
+class FakeCuda:
+    """The slice of torch's CUDA API that DeviceLossReader uses, with a device it controls.
 
-    Reading it would synchronise the GPU, so the monitor must not call ``item()``
-    unless ``loss_from_device`` is set.
+    Real behaviour mimicked: a copy queued on a stream completes later, when the
+    device gets to it (here: when the test calls ``run()``); ``Event.query()``
+    says whether it has, without waiting; ``item()`` on a device tensor
+    synchronises (here: counted, so a test can require none).
+    """
+
+    def __init__(self) -> None:
+        self.queued: list[Any] = []
+        self.item_reads = 0
+        self.waits = 0
+        self.cuda = self
+
+    def run(self) -> None:
+        """The device executes everything queued so far."""
+        for action in self.queued:
+            action()
+        self.queued.clear()
+
+    # torch.cuda
+    class Stream:
+        def __init__(self, device: Any) -> None:
+            self.device = device
+
+        def wait_stream(self, other: Any) -> None:
+            pass  # ordering only: the fake device runs everything in queue order
+
+    def default_stream(self, device: Any) -> Any:
+        return self.Stream(device)
+
+    def stream(self, stream: Any) -> Any:
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def Event(self) -> Any:
+        fake = self
+
+        class Event:
+            done = False
+
+            def record(self, stream: Any) -> None:
+                fake.queued.append(lambda: setattr(self, "done", True))
+
+            def query(self) -> bool:
+                return self.done
+
+        return Event()
+
+    # torch
+    def empty(self, shape: Any, dtype: Any, pin_memory: bool) -> Any:
+        assert pin_memory
+        fake = self
+
+        class Host:
+            value = float("nan")
+
+            def copy_(self, source: Any, non_blocking: bool) -> None:
+                assert non_blocking
+                fake.queued.append(lambda: setattr(self, "value", source.value))
+
+            def item(self) -> float:
+                return self.value
+
+        return Host()
+
+
+class DeviceTensor:
+    """Stands in for a one-element CUDA tensor: a ``device`` of type "cuda".
+
+    Its value exists only once the fake device has run; ``item()`` would
+    synchronise, so it counts the reads.
     """
 
     class device:  # mimics the tensor attribute torch.device
         type = "cuda"
 
-    def __init__(self, value: float) -> None:
+    dtype = "float32"
+
+    def __init__(self, value: float, cuda: FakeCuda | None = None) -> None:
         self.value = value
         self.reads = 0
 
     def detach(self) -> DeviceTensor:
+        return self
+
+    def reshape(self, shape: Any) -> DeviceTensor:
         return self
 
     def numel(self) -> int:
@@ -220,20 +295,50 @@ class DeviceTensor:
         return self.value
 
 
-def test_device_loss_is_never_read_unless_asked(tmp_path: Path) -> None:
-    monitor = quiet(tmp_path)
+def test_a_device_loss_is_copied_without_waiting_for_the_device() -> None:
+    cuda = FakeCuda()
+    reader = DeviceLossReader(torch=cuda)
+    first = DeviceTensor(1.5)
+    reader.submit(first)
+    assert reader.poll() is None  # the device has not run the copy yet: no value, no wait
+    reader.submit(DeviceTensor(2.5))  # handed over while the first copy is in flight
+    reader.submit(newest := DeviceTensor(3.5))  # replaces the waiting one
+    cuda.run()
+    assert reader.poll() == 1.5  # the first copy completed; the newest one now queued
+    assert reader.poll() is None
+    cuda.run()
+    assert reader.poll() == 3.5
+    assert first.reads == newest.reads == 0  # never item() on the device tensor
+    reader.submit(2.0)  # numbers and CPU values are read at once
+    assert reader.poll() == 2.0
+
+
+def test_a_device_loss_is_read_with_item_only_when_asked(tmp_path: Path) -> None:
     eager = quiet(tmp_path / "eager", loss_from_device=True)
     try:
-        lazy_loss, eager_loss = DeviceTensor(1.5), DeviceTensor(3.5)
-        monitor.step_done(0.01, loss=lazy_loss)
+        eager_loss = DeviceTensor(3.5)
         eager.step_done(0.01, loss=eager_loss)
         wait_until(lambda: eager.snapshot()["loss"] == 3.5, what="device loss read")
-        monitor.close()
-        assert lazy_loss.reads == 0
-        assert monitor.snapshot()["loss"] is None
+        assert eager_loss.reads >= 1
+    finally:
+        eager.close()
+
+
+def test_a_loss_on_another_accelerator_says_how_to_read_it(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    class XpuTensor(DeviceTensor):
+        class device:
+            type = "xpu"
+
+    monitor = quiet(tmp_path)
+    try:
+        with caplog.at_level(logging.WARNING, "colossalai_exporter.training"):
+            monitor.step_done(0.01, loss=XpuTensor(1.0))
+            monitor.close()
     finally:
         monitor.close()
-        eager.close()
+    assert "loss_from_device=True" in caplog.text
+    assert monitor.snapshot()["loss"] is None
 
 
 def test_non_numeric_loss_warns_once_and_training_continues(

@@ -10,12 +10,12 @@ from typing import Any
 
 from colossalai_exporter.version import __version__
 
-__all__ = ["TrainingMonitor", "__version__"]
+__all__ = ["Budgets", "TrainingMonitor", "__version__"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "TrainingMonitor":
-        from colossalai_exporter.training.monitor import TrainingMonitor
+    if name in ("TrainingMonitor", "Budgets"):
+        from colossalai_exporter import training
 
-        return TrainingMonitor
+        return getattr(training, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

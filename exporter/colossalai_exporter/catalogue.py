@@ -175,9 +175,10 @@ RANKS: tuple[Metric, ...] = (
 TRAINING: tuple[Metric, ...] = (
     _m("colossalai_training_info", "info",
        "The run's software and layout (always 1): ColossalAI and torch versions, Booster "
-       "plugin, Gemini placement policy, tensor/pipeline/data parallel sizes, world size.",
+       "plugin, Gemini placement policy, tensor/pipeline/data parallel sizes, world size, "
+       "and the run id every rank of the job shares (alerts carry it as label run).",
        ("rank", "colossalai_version", "torch_version", "plugin", "placement_policy",
-        "tp_size", "pp_size", "dp_size", "world_size"), component="training"),
+        "tp_size", "pp_size", "dp_size", "world_size", "run"), component="training"),
     _m("colossalai_training_steps_total", "counter",
        "Training steps completed.", ("rank",), component="training"),
     _m("colossalai_training_last_step_timestamp_seconds", "gauge",
@@ -222,6 +223,16 @@ TRAINING: tuple[Metric, ...] = (
        "checkpoint IO still holds.", ("rank",), component="training"),
     _m("colossalai_kernels_ready", "gauge",
        "1 once the rank's kernels are built or loaded.", ("rank",), component="training"),
+    _m("colossalai_kernel_build_failures_total", "counter",
+       "Kernel loads or JIT builds that raised (ColossalAI's KernelLoader.load, or a "
+       "monitor.kernels() block).", ("rank",), component="training"),
+    _m("colossalai_training_last_error_info", "info",
+       "The last exception the monitor saw on the rank (always 1): where (step, "
+       "checkpoint, kernels, boost, evaluation, run, caught), its type, the device for an "
+       "out-of-memory error, and its first line.",
+       ("rank", "where", "type", "device", "message"), component="training"),
+    _m("colossalai_training_last_error_timestamp_seconds", "gauge",
+       "When the rank's last error was raised.", ("rank",), "seconds", "training"),
     _m("colossalai_gemini_chunk_memory_bytes", "gauge",
        "Memory held by Gemini chunks, by device.", ("rank", "device"), "bytes", "training"),
     _m("colossalai_gemini_h2d_bytes_total", "counter",

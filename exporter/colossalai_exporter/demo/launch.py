@@ -116,6 +116,8 @@ def start_ranks(backend: str, ranks: int, worker_args: Sequence[str], host: str,
                 "--master_addr", host, "--master_port", str(port), *worker]
         return Started([spawn(argv, log, env)])
     procs = []
+    # No torchrun, so no rendezvous address the ranks share: name the run once for all.
+    env.setdefault("COLOSSALAI_EXPORTER_RUN_ID", f"demo-{os.getpid()}")
     for rank in range(ranks):
         rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks))
         procs.append(spawn([sys.executable, *worker], log, rank_env))

@@ -71,6 +71,8 @@ class Thresholds:
     disk_filling_for: Duration
     checkpoint_interval: Duration
     gemini_oom_window: Duration
+    checkpoint_failure_window: Duration
+    kernel_failure_window: Duration
     heartbeat_failing_after: Duration
     chat_latency_seconds: float
     bridge_no_success_after: Duration

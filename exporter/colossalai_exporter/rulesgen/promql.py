@@ -80,3 +80,22 @@ def si_bytes(value: float) -> str:
 def number(value: float) -> str:
     """A threshold as written in PromQL and prose: ``95`` not ``95.0``."""
     return f"{value:g}"
+
+
+def with_first(metric: str, match: tuple[str, ...], body: str, extra: str = "") -> str:
+    """Template text rendering ``body`` with the first result of a query, or nothing.
+
+    Inside ``body``, ``.Labels.<name>`` and ``.Value`` are the sample's, as in
+    ``{{ .Labels.type }}``. For sentences that only make sense when there is
+    something to say ("; last error: …").
+    """
+    matchers = ",".join(f"{name}=%q" for name in match)
+    args = " ".join(f"$labels.{name}" for name in match)
+    fmt = f"{metric}{{{matchers}}}{extra}".replace('"', '\\"')
+    return (f'{{{{ with printf "{fmt}" {args} | query }}}}{{{{ with first . }}}}{body}'
+            f"{{{{ end }}}}{{{{ end }}}}")
+
+
+def indent(text: str, by: int = 2) -> str:
+    """``text`` indented, to nest one expression inside another readably."""
+    return textwrap.indent(text, " " * by)

@@ -12,19 +12,28 @@ not the alert's value, the template queries it (``promql.query``).
 
 from __future__ import annotations
 
-from colossalai_exporter.rulesgen.config import RulesConfig
+from colossalai_exporter.rulesgen.config import Duration, RulesConfig
 from colossalai_exporter.rulesgen.model import Alert, Group, Recording, RuleFile
 from colossalai_exporter.rulesgen.promql import (
     Selector,
     expr,
     fill,
+    indent,
     number,
     query,
     regex_alternatives,
     si_bytes,
+    with_first,
 )
 
 RANK = ("job", "instance", "rank")
+INFO = "colossalai_training_info"
+# The alerts that name the cause of a failure. In deploy/alertmanager/alertmanager.yml
+# each mutes, for its run, the alerts that follow from it (docs/rules.md, "One incident,
+# one page").
+CAUSE_ALERTS = ("GeminiOutOfMemory", "KernelBuildFailed", "CheckpointFailing")
+CONSEQUENCE_ALERTS = ("TrainingRankDown", "TrainingStalled", "NCCLRendezvousDown",
+                      "TrainingStartupStuck", "KernelsNotReady")
 
 # Recording rules other rules and the dashboards use.
 STEP_RATE = "job_rank:colossalai_training_steps:rate5m"
@@ -48,6 +57,63 @@ def _nodes_dash() -> tuple[str, dict[str, str]]:
 def _chat_dash() -> tuple[str, dict[str, str]]:
     return ("colossalai-chat", {"job": "{{ $labels.job | urlquery }}",
                                 "instance": "{{ $labels.instance | urlquery }}"})
+
+
+def with_run(vector: str, sel: Selector, on: tuple[str, ...] = RANK) -> str:
+    """``vector`` with the ``run`` label of its ranks' ``colossalai_training_info``.
+
+    Values are kept (the info is 1). Alertmanager inhibits a run's consequence
+    alerts under its cause alert by this label, so every training alert carries it.
+    A rank without the info (a monitor older than the label) still alerts, without
+    ``run``.
+    """
+    labels = ", ".join(on)
+    info = sel(INFO)
+    # Parenthesised whole: "or" binds loosest, and callers combine this further.
+    return (f"(\n  (\n{indent(vector, 4)}\n  )\n  * on ({labels}) group_left (run)\n"
+            f"    max by ({labels}, run) ({info})\n"
+            f"  or\n  (\n{indent(vector, 4)}\n  )\n  unless on ({labels})\n    {info}\n)")
+
+
+def recent_events(series: str, window: Duration) -> str:
+    """Series of a counter that rose within ``window``, valued by how much.
+
+    The second half catches a counter first seen above zero: a rank that hit an
+    out-of-memory error in ``booster.boost`` before Prometheus ever scraped it
+    at zero has no increase() to show, only a new series.
+    """
+    return (f"increase({series}[{window}]) > 0\nor\n"
+            f"({series} > 0 unless {series} offset {window})")
+
+
+def on_any_rank(metric: str, window: Duration, t: Selector, n: Selector) -> str:
+    """Recent events of a per-rank counter, from whichever view sees the rank.
+
+    The node agent re-serves every local rank's series (rank 0's too) from the
+    snapshot the rank writes synchronously when an exception passes, so it sees
+    ranks the rank-0 server does not serve and failures that end the process a
+    moment later. The rank-0 server's view counts only where no agent reports
+    the same rank of the same run, so nothing is counted twice.
+    """
+    node = with_run(recent_events(n(metric), window), n)
+    training = with_run(recent_events(t(metric), window), t)
+    return (f"{node}\nor\n(\n{indent(training)}\n  unless on (run, rank)\n"
+            f"{indent(with_run(n(metric), n))}\n)")
+
+
+def _last_error() -> str:
+    """" Last error (in step): RuntimeError: CUDA out of memory. …" when the rank has one.
+
+    Last in a description: the message ends with its own punctuation.
+    """
+    return with_first("colossalai_training_last_error_info", RANK,
+                      " Last error (in {{ .Labels.where }}): {{ .Labels.type }}: "
+                      "{{ .Labels.message }}")
+
+
+def _since_died() -> str:
+    return with_first("colossalai_rank_up", RANK, " The rank's process has since died.",
+                      extra=" == 0")
 
 
 def _budget() -> str:
@@ -80,11 +146,11 @@ def training(config: RulesConfig) -> RuleFile:
         matcher = f'phase=~"{phases}"' if "|" in phases else f'phase="{phases}"'
         return Alert(
             name,
-            expr(f"""
+            with_run(expr(f"""
                 (time() - {phase_start} > {timeout})
                 * ignoring (phase) group_left (phase)
                   ({t(phase, matcher)} == 1)
-            """),
+            """), t),
             severity, summary,
             fill("Rank [[$rank]] of job [[$job]] ([[$instance]]) has been in phase "
                  "[[$phase]] for {{ $value | humanizeDuration }}, beyond its budget of "
@@ -96,7 +162,7 @@ def training(config: RulesConfig) -> RuleFile:
             "TrainingStalled",
             # Time in phase training without a step: since the last step, or since the
             # rank (re-)entered training (after start-up or a checkpoint), whichever is later.
-            expr(f"""
+            with_run(expr(f"""
                 (
                   time()
                   - (
@@ -108,7 +174,7 @@ def training(config: RulesConfig) -> RuleFile:
                 > {timeout}
                 and ignoring (phase)
                   {t(phase, 'phase="training"')} == 1
-            """),
+            """), t),
             "critical", "A training rank has made no step for longer than its step budget.",
             fill("Rank [[$rank]] of job [[$job]] ([[$instance]]) has made no training step "
                  "for {{ $value | humanizeDuration }} (step budget [[budget]]).",
@@ -151,20 +217,35 @@ def training(config: RulesConfig) -> RuleFile:
         Alert(
             "TrainingRankDown",
             # The node agent's outside view: a SIGKILLed, OOM-killed or frozen rank.
-            expr(f"""
+            with_run(expr(f"""
                 {n("colossalai_rank_up")} == 0
                 unless ignoring (phase)
                   {n(phase, 'phase="finished"')} == 1
-            """),
+            """), n),
             "critical", "A training rank's process is gone or has stopped publishing its state.",
-            fill("Rank [[$rank]] on [[$instance]] is down: its process is gone or frozen "
-                 "(state snapshot [[age]] old).",
+            fill("Rank [[$rank]] of run [[$run]] on [[$instance]] is down: its process is gone "
+                 "or frozen (state snapshot [[age]] old).[[last_error]]",
                  age=query("colossalai_rank_snapshot_age_seconds", RANK,
-                           "value | humanizeDuration")),
+                           "value | humanizeDuration"),
+                 last_error=_last_error()),
             _nodes_dash(), cause="process"),
         Alert(
             "TrainingRankDown",
-            f"{t('up')} == 0",
+            # The run label from the info the target served before it went down (the
+            # last hour), so that a cause alert of the same run mutes this one too.
+            expr(f"""
+                (
+                  {t('up')} == 0
+                )
+                * on (job, instance) group_left (run)
+                  max by (job, instance, run) (last_over_time({t(INFO)}[1h]))
+                or
+                (
+                  {t('up')} == 0
+                )
+                unless on (job, instance)
+                  last_over_time({t(INFO)}[1h])
+            """),
             "critical", "A training rank's process is gone or has stopped publishing its state.",
             fill("Prometheus cannot scrape the rank server [[$instance]] of job [[$job]]: the "
                  "rank's process is gone, wedged or unreachable."),
@@ -180,22 +261,43 @@ def training(config: RulesConfig) -> RuleFile:
             _training_dash()),
         Alert(
             "GeminiOutOfMemory",
-            expr(f"""
-                sum by (job, device) (
-                  increase({t("colossalai_gemini_oom_total")}[{th.gemini_oom_window}])
-                ) > 0
-            """),
-            "critical", "Training hit out-of-memory errors.",
-            fill('{{ $value | printf "%.0f" }} out-of-memory errors on [[$device]] in job '
-                 "[[$job]] in the last [[window]].", window=th.gemini_oom_window),
-            ("colossalai-training", {"job": "{{ $labels.job | urlquery }}"})),
+            on_any_rank("colossalai_gemini_oom_total", th.gemini_oom_window, t, n),
+            "critical", "A training rank ran out of memory.",
+            fill('Rank [[$rank]] of run [[$run]] on [[$instance]] hit {{ $value | printf "%.0f" }} '
+                 "out-of-memory error(s) in [[memory]] in the last [[window]].[[died]]"
+                 "[[last_error]]",
+                 memory='{{ if eq $labels.device "cuda" }}GPU memory (CUDA){{ else if eq '
+                        '$labels.device "cpu" }}host memory{{ else }}NVMe offload space'
+                        "{{ end }}",
+                 window=th.gemini_oom_window, last_error=_last_error(), died=_since_died()),
+            _training_dash()),
+        Alert(
+            "CheckpointFailing",
+            on_any_rank("colossalai_checkpoint_failures_total", th.checkpoint_failure_window,
+                        t, n),
+            "critical", "A checkpoint save raised an error.",
+            fill('Rank [[$rank]] of run [[$run]] on [[$instance]]: {{ $value | printf "%.0f" }} '
+                 "checkpoint save(s) failed in the last [[window]].[[died]][[last_error]]",
+                 window=th.checkpoint_failure_window, last_error=_last_error(),
+                 died=_since_died()),
+            _training_dash()),
+        Alert(
+            "KernelBuildFailed",
+            on_any_rank("colossalai_kernel_build_failures_total", th.kernel_failure_window,
+                        t, n),
+            "critical", "Loading or building a ColossalAI kernel failed.",
+            fill('Rank [[$rank]] of run [[$run]] on [[$instance]]: {{ $value | printf "%.0f" }} '
+                 "kernel load(s) or JIT build(s) failed in the last [[window]].[[died]]"
+                 "[[last_error]]",
+                 window=th.kernel_failure_window, last_error=_last_error(), died=_since_died()),
+            _training_dash()),
         Alert(
             "KernelsNotReady",
-            expr(f"""
+            with_run(expr(f"""
                 {t("colossalai_kernels_ready")} == 0
                 unless ignoring (phase)
                   {t(phase, 'phase=~"finished|failed"')} == 1
-            """),
+            """), t),
             "warning", "A training rank's ColossalAI kernels are not ready.",
             fill("Rank [[$rank]] of job [[$job]] ([[$instance]]) has reported its kernels not "
                  "ready for more than [[for]] (phase [[phase]]).",
@@ -313,10 +415,19 @@ def node(config: RulesConfig) -> RuleFile:
         Alert(
             "NCCLRendezvousDown",
             # Only while ranks run on the node: between runs nothing listens there.
+            # The run label comes from the ranks live on the node, so a rendezvous that
+            # closes because its run died (rank 0 hosted the store) pages only if a rank
+            # still lives, and a cause alert of that run mutes it.
             expr(f"""
-                {n("colossalai_nccl_up")} == 0
-                and on (job, instance)
-                  count by (job, instance) ({n("colossalai_rank_up")}) > 0
+                (
+                  {n("colossalai_nccl_up")} == 0
+                )
+                * on (job, instance) group_left (run)
+                  max by (job, instance, run) (
+                    {n(INFO)}
+                    * on (job, instance, rank) group_left ()
+                      ({n("colossalai_rank_up")} == 1)
+                  )
             """),
             "critical", "The rendezvous endpoint of a running job is unreachable.",
             fill("[[$instance]] cannot reach the rendezvous endpoint [[$target]] ([[reason]]) "
@@ -464,7 +575,8 @@ def alert_names() -> set[str]:
 
 ALERT_NAMES = (
     "TrainingStalled", "TrainingStartupStuck", "CheckpointStuck", "CheckpointOverdue",
-    "TrainingRankDown", "TrainingStraggler", "GeminiOutOfMemory", "KernelsNotReady",
+    "TrainingRankDown", "TrainingStraggler", "GeminiOutOfMemory", "CheckpointFailing",
+    "KernelBuildFailed", "KernelsNotReady",
     "TrainingHeartbeatFailing", "GPUMemoryOOMRisk", "HostMemoryOOMRisk", "CheckpointDiskLow",
     "DiskPathBroken", "NCCLRendezvousDown", "GPUCollectorDown", "ChatServerDown",
     "ChatEngineError", "ChatLatencyHigh", "ExporterDown", "BridgeDeliveryFailing",

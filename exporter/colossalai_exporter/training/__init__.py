@@ -13,13 +13,14 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from colossalai_exporter.training.monitor import Step, TrainingMonitor, loss_value
+    from colossalai_exporter.training.device_loss import loss_value
+    from colossalai_exporter.training.monitor import Step, TrainingMonitor
     from colossalai_exporter.training.oom import classify_oom
     from colossalai_exporter.training.state import Budgets
 
 __all__ = ["Budgets", "Step", "TrainingMonitor", "classify_oom", "loss_value"]
 
-_HOMES = {"Step": "monitor", "TrainingMonitor": "monitor", "loss_value": "monitor",
+_HOMES = {"Step": "monitor", "TrainingMonitor": "monitor", "loss_value": "device_loss",
           "classify_oom": "oom", "Budgets": "state"}
 
 

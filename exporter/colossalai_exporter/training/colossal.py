@@ -115,3 +115,56 @@ def hook_gemini(monitor: TrainingMonitor, model: Any) -> bool:
 
     monitor.add_poller(chunk_memory)
     return True
+
+
+# The monitor that KernelLoader.load reports to: the latest started in this process
+# (one per rank in practice). The patch stays in place once made; with no monitor
+# it calls the original load directly.
+_kernel_monitors: list[TrainingMonitor] = []
+_KERNEL_LOADER = "colossalai.kernel.kernel_loader"
+
+
+def watch_kernel_loader(monitor: TrainingMonitor) -> bool:
+    """Report ColossalAI's kernel loads and JIT builds as phase ``kernels``.
+
+    Every loader (``CPUAdamLoader``, ``FusedOptimizerLoader``, the
+    flash-attention loaders…) inherits ``KernelLoader.load``, which picks an
+    extension and loads the prebuilt kernel or JIT-builds it: 139 s inside
+    ``HybridAdam(...)`` on an H200 node (FACTS.md). Wrapping that one method
+    in :meth:`TrainingMonitor.kernels` makes the build visible with its own
+    budget, and a build that raises (``AssertionError: No usable kernel
+    found…``, ``Error building extension``) a counted failure. Only when the
+    training script imported ColossalAI; False otherwise.
+    """
+    if "colossalai" not in sys.modules:
+        return False
+    module = sys.modules.get(_KERNEL_LOADER)
+    if module is None:
+        import importlib
+
+        module = importlib.import_module(_KERNEL_LOADER)
+    loader = getattr(module, "KernelLoader", None)
+    load = getattr(loader, "load", None)
+    if loader is None or not callable(load):
+        return False
+    if monitor not in _kernel_monitors:
+        _kernel_monitors.append(monitor)
+    if getattr(load, _WATCHED, False):
+        return True
+
+    @functools.wraps(load)
+    def watched_load(self: Any, *args: Any, **kwargs: Any) -> Any:
+        current = _kernel_monitors[-1] if _kernel_monitors else None
+        if current is None:
+            return load(self, *args, **kwargs)
+        with current.kernels():
+            return load(self, *args, **kwargs)
+
+    setattr(watched_load, _WATCHED, True)
+    loader.load = watched_load
+    return True
+
+
+def unwatch_kernel_loader(monitor: TrainingMonitor) -> None:
+    if monitor in _kernel_monitors:
+        _kernel_monitors.remove(monitor)

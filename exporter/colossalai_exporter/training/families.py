@@ -18,7 +18,7 @@ from colossalai_exporter.training.oom import DEVICES
 from colossalai_exporter.training.state import HEARTBEAT_RESULTS, PHASES, judge
 
 INFO_LABELS = ("colossalai_version", "torch_version", "plugin", "placement_policy",
-               "tp_size", "pp_size", "dp_size", "world_size")
+               "tp_size", "pp_size", "dp_size", "world_size", "run")
 MONITOR_ERROR_PLACES = ("publish", "loss", "heartbeat", "server", "stacks", "hook")
 
 
@@ -75,6 +75,9 @@ def families(snap: dict[str, Any], now: float | None = None) -> list[MetricFamil
     _counter(out, "colossalai_training_stalls_total", rank, snap["stalls"], created)
     _gauge(out, "colossalai_training_loss", rank, snap["loss"])
     _gauge(out, "colossalai_kernels_ready", rank, 1.0 if snap["kernels_ready"] else 0.0)
+    _counter(out, "colossalai_kernel_build_failures_total", rank,
+             snap.get("kernel_failures", 0), created)
+    out.extend(_last_error(snap, rank))
 
     oom = _fam("colossalai_gemini_oom_total")
     for device in DEVICES:
@@ -109,6 +112,19 @@ def _checkpoint_and_gemini(snap: dict[str, Any], rank: str,
         _counter(out, "colossalai_gemini_h2d_bytes_total", rank, gemini["h2d"], created)
         _counter(out, "colossalai_gemini_d2h_bytes_total", rank, gemini["d2h"], created)
     return out
+
+
+def _last_error(snap: dict[str, Any], rank: str) -> list[MetricFamily]:
+    # Absent (empty families) until the rank has seen an exception; older snapshots
+    # have no last_error at all.
+    info = _fam("colossalai_training_last_error_info")
+    when = _fam("colossalai_training_last_error_timestamp_seconds")
+    error = snap.get("last_error")
+    if isinstance(error, dict):
+        info.add_metric([rank, *(str(error.get(k) or "") for k in
+                                 ("where", "type", "device", "message"))], {})
+        when.add_metric([rank], float(error.get("time") or 0.0))
+    return [info, when]
 
 
 def _histogram(snap: dict[str, Any], rank: str) -> MetricFamily:

@@ -10,8 +10,8 @@ Hot path guarantees (measured in bench/training_overhead.py): finishing a
 step reads two clocks (vDSO, no system call) and assigns plain attributes of
 :class:`~colossalai_exporter.training.state.RankState`. No lock, no I/O, no
 queue, no CUDA synchronisation, no collective. A loss tensor is only
-referenced there; it is converted to a number by the publisher thread, and
-only when that costs no device synchronisation (see :func:`loss_value`).
+referenced there; the publisher thread copies it to the host without waiting
+for the device (:mod:`.device_loss`).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import socket
 import sys
 import threading
 import time
@@ -30,8 +31,11 @@ from types import TracebackType
 from typing import Any, Literal
 
 from colossalai_exporter.errors import ConfigError
+from colossalai_exporter.training import fatal as _fatal_hook
 from colossalai_exporter.training import flight_recorder
 from colossalai_exporter.training import snapshot as snapfiles
+from colossalai_exporter.training.device_loss import DeviceLossReader
+from colossalai_exporter.training.errors import error_record
 from colossalai_exporter.training.heartbeat import HeartbeatSender
 from colossalai_exporter.training.oom import Device, classify_oom
 from colossalai_exporter.training.stacks import write_stacks
@@ -82,6 +86,27 @@ def detect_ranks() -> tuple[int, int, int]:
     return rank, (rank if local is None else local), (1 if world is None else world)
 
 
+def detect_run_id() -> str:
+    """An id every rank of one job shares and two concurrent jobs do not.
+
+    Alertmanager inhibits the alerts that follow from a failure (the other ranks
+    going down, the rendezvous closing) under the alert that names its cause,
+    matching on this ``run`` label; ``equal`` treats two missing labels as equal,
+    so it is never empty. In order: ``COLOSSALAI_EXPORTER_RUN_ID``, torchrun's
+    ``TORCHELASTIC_RUN_ID`` (``--rdzv-id``; "none" when not given), Slurm's job id,
+    then the rendezvous address ``MASTER_ADDR:MASTER_PORT`` (one job at a time
+    can listen there), else this process.
+    """
+    for name in ("COLOSSALAI_EXPORTER_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+        value = os.environ.get(name, "").strip()
+        if value and value != "none":
+            return value
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if addr and port:
+        return f"{addr}:{port}"
+    return f"{socket.gethostname()}-{os.getpid()}"
+
+
 def _process_start(pid: int) -> float | None:
     # Lets the node agent tell this process from a later one that reuses the pid.
     try:
@@ -90,35 +115,6 @@ def _process_start(pid: int) -> float | None:
         return float(psutil.Process(pid).create_time())
     except Exception:
         return None
-
-
-def loss_value(loss: Any, from_device: bool = False) -> float:
-    """A loss as a float, off the hot path. ValueError/TypeError when not numeric.
-
-    Python and NumPy numbers convert directly. A torch tensor on the CPU is
-    read directly (no synchronisation). A tensor on an accelerator is only
-    read when ``from_device`` is true: ``.item()`` then waits for the kernels
-    that produce it, once per publish (about once a second), in the publisher
-    thread; otherwise it raises LookupError and the loss metric keeps its last
-    value. Loops that already call ``loss.item()`` for logging should pass
-    that float instead: it is free.
-    """
-    if isinstance(loss, bool):
-        raise TypeError("loss is a bool")
-    if isinstance(loss, (int, float)):
-        return float(loss)
-    device = getattr(loss, "device", None)
-    if device is not None and hasattr(loss, "detach"):
-        if getattr(device, "type", "cpu") != "cpu" and not from_device:
-            raise LookupError("loss tensor is on an accelerator")
-        tensor = loss.detach()
-        if tensor.numel() != 1:
-            raise ValueError(f"loss tensor has {tensor.numel()} elements, expected 1")
-        return float(tensor.item())
-    if hasattr(loss, "__float__") and not isinstance(loss, (str, bytes)):
-        return float(loss)
-    raise TypeError(f"loss must be a number or a one-element tensor, got "
-                    f"{type(loss).__name__}")
 
 
 class Step:
@@ -184,8 +180,13 @@ class TrainingMonitor:
       ``CHECKPOINT_HEARTBEAT_URL``), sent from rank 0 only unless
       ``heartbeat_all_ranks``; ``heartbeat_every`` steps (50).
     * ``nvme_paths``: offload directories (``NVME_PATH``) for OOM classification.
-    * ``loss_from_device``: read accelerator loss tensors at publish time (one
-      device synchronisation per publish); see :func:`loss_value`.
+    * ``loss_from_device``: True reads accelerator loss tensors with ``.item()`` at
+      publish time (one device synchronisation per publish); by default a CUDA
+      loss is copied to the host asynchronously (:mod:`.device_loss`).
+    * ``run_id``: the ``run`` label on ``colossalai_training_info`` that alerts of
+      one job share (see :func:`detect_run_id`).
+    * ``watch_kernels``: watch ColossalAI's ``KernelLoader.load`` as phase
+      ``kernels`` (default True; see :meth:`kernels`).
     """
 
     def __init__(
@@ -209,7 +210,9 @@ class TrainingMonitor:
         heartbeat_timeout: float = 5.0,
         heartbeat_all_ranks: bool = False,
         nvme_paths: tuple[str, ...] | None = None,
-        loss_from_device: bool = False,
+        loss_from_device: bool | None = None,
+        run_id: str | None = None,
+        watch_kernels: bool = True,
         start: bool = True,
     ) -> None:
         d_rank, d_local, d_world = detect_ranks()
@@ -240,9 +243,11 @@ class TrainingMonitor:
         self._publish_interval = publish_interval
         nvme = os.environ.get("NVME_PATH")
         self._nvme_paths = nvme_paths if nvme_paths is not None else ((nvme,) if nvme else ())
-        self._loss_from_device = loss_from_device
+        self._loss_reader = DeviceLossReader(synchronous=bool(loss_from_device))
         self._loss_ref: Any = None
         self._last_loss_ref: Any = None
+        self._watch_kernels = watch_kernels
+        self._kernel_depth = 0  # nested kernels() blocks (a loader that loads another)
         self._step = Step(self)  # reused: no allocation per step
         self._publish_lock = threading.Lock()
         self._last_done: float | None = None  # perf_counter of the last step_done()
@@ -262,6 +267,7 @@ class TrainingMonitor:
             (checkpoint_heartbeat_url or os.environ.get("CHECKPOINT_HEARTBEAT_URL"))
             if sends else None,
             every=heartbeat_every, timeout=heartbeat_timeout, on_error=self._error)
+        self.run_id = (run_id or detect_run_id())[:200]
         self._info_defaults()
         if start:
             self.start()
@@ -286,6 +292,14 @@ class TrainingMonitor:
         self._thread.start()
         self._heartbeats.start()
         self._start_server()
+        _fatal_hook.attach(self)
+        if self._watch_kernels:
+            from colossalai_exporter.training import colossal
+
+            try:
+                colossal.watch_kernel_loader(self)
+            except Exception as exc:
+                self._error("hook", exc)
 
     def _start_server(self) -> None:
         if self._serve == "none" or (self._serve == "rank0" and self.rank != 0):
@@ -310,6 +324,11 @@ class TrainingMonitor:
 
     def close(self) -> None:
         """Publish a last snapshot, stop the threads and the server."""
+        _fatal_hook.detach(self)
+        if self._watch_kernels:
+            from colossalai_exporter.training import colossal
+
+            colossal.unwatch_kernel_loader(self)
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
@@ -399,16 +418,37 @@ class TrainingMonitor:
 
     @contextlib.contextmanager
     def kernels(self) -> Iterator[None]:
-        """Phase "kernels" around loading or JIT-building ColossalAI kernels."""
-        previous = self._state.phase
-        self.phase("kernels")
+        """Phase "kernels" around loading or JIT-building kernels, with its own budget.
+
+        ColossalAI's ``KernelLoader.load`` is watched this way by itself once
+        the monitor starts (``watch_kernels``), so a JIT build inside
+        ``HybridAdam(...)`` shows as phase ``kernels``. An exception leaving the
+        block counts in ``colossalai_kernel_build_failures_total``, becomes the
+        rank's last error, and the rank returns to its previous phase (the
+        caller may fall back to another implementation); if nothing catches
+        it, the run fails with it. Nested blocks count once.
+        """
+        state = self._state
+        self._kernel_depth += 1
+        outer = self._kernel_depth == 1
+        previous, was_ready = state.phase, state.kernels_ready
+        if outer:
+            self.phase("kernels")
         try:
             yield
         except BaseException as exc:
-            self._record_exception(exc)
+            if outer:
+                state.kernel_failures += 1
+                state.kernels_ready = was_ready
+                self.phase(previous if previous != "kernels" else "init")
+                self._record_exception(exc, "kernels")
             raise
-        self._state.kernels_ready = True
-        self.phase(previous if previous not in ("kernels",) else "init")
+        else:
+            if outer:
+                state.kernels_ready = True
+                self.phase(previous if previous != "kernels" else "init")
+        finally:
+            self._kernel_depth -= 1
 
     def kernels_ready(self, ready: bool = True) -> None:
         """Declare the run's kernels loaded (or not); /health needs them ready."""
@@ -422,7 +462,7 @@ class TrainingMonitor:
         try:
             yield
         except BaseException as exc:
-            self._record_exception(exc)
+            self._record_exception(exc, "evaluation")
             raise
         finally:
             self.phase("training")
@@ -445,7 +485,7 @@ class TrainingMonitor:
             yield
         except BaseException as exc:
             state.checkpoint_failures += 1
-            self._record_exception(exc)
+            self._record_exception(exc, "checkpoint")
             raise
         else:
             state.checkpoint_duration = _perf() - started
@@ -464,8 +504,7 @@ class TrainingMonitor:
     def fail(self, exc: BaseException | str | None = None) -> None:
         """The run failed: phase "failed" with the reason; OOMs in ``exc`` are counted."""
         if isinstance(exc, BaseException):
-            if not getattr(exc, "_colossalai_exporter_counted", False):
-                self._record_exception(exc)
+            self._record_exception(exc, "run", publish=False)
             reason = f"{type(exc).__name__}: {exc}"
         else:
             reason = exc or "failed"
@@ -500,7 +539,7 @@ class TrainingMonitor:
         try:
             result = booster.boost(*args, **kwargs)
         except BaseException as exc:
-            self._record_exception(exc)
+            self._record_exception(exc, "boost")
             raise
         try:
             if isinstance(result, (tuple, list)) and result:
@@ -511,28 +550,48 @@ class TrainingMonitor:
 
     # ------------------------------------------------------------------ errors
     def record_oom(self, exc: BaseException) -> Device | None:
-        """Count ``exc`` if it is an out-of-memory error; returns its device or None."""
+        """Count ``exc`` if it is an out-of-memory error; returns its device or None.
+
+        For an out-of-memory error caught outside the monitored blocks; it also
+        becomes the rank's last error (``where="caught"``).
+        """
+        device = self._classify(exc)
+        if device is not None:
+            self._record_exception(exc, "caught")
+        return device
+
+    def _classify(self, exc: BaseException) -> Device | None:
         try:
-            device = classify_oom(exc, self._nvme_paths)
+            return classify_oom(exc, self._nvme_paths)
         except Exception as error:
             self._error("hook", error)
             return None
-        if device is not None:
-            self._state.oom[device] += 1
-            self._wake.set()
-        return device
 
-    def _record_exception(self, exc: BaseException) -> None:
-        # An exception passes through step(), checkpoint() and fail(): count it once.
+    def _record_exception(self, exc: BaseException, where: str, publish: bool = True) -> None:
+        """Count ``exc`` (OOMs by device), make it the last error, and publish at once.
+
+        An exception passes through step(), checkpoint() and fail(): counted once.
+        The snapshot is written here, before the exception propagates, because
+        an out-of-memory error usually ends the process a moment later and the
+        node agent must still see it (issue 16: the rank-0 server's scrape saw
+        the counter rise in 1 run of 6). Exceptions are rare; the hot path never
+        gets here.
+        """
         if getattr(exc, "_colossalai_exporter_counted", False):
             return
-        self.record_oom(exc)
         with contextlib.suppress(Exception):  # some exception types refuse attributes
             exc._colossalai_exporter_counted = True  # type: ignore[attr-defined]
+        device = self._classify(exc)
+        state = self._state
+        if device is not None:
+            state.oom[device] += 1
+        state.last_error = error_record(exc, where, device, _wall())
+        if publish:
+            self._publish_now()
 
     def _step_raised(self, exc: BaseException) -> None:
         try:
-            self._record_exception(exc)
+            self._record_exception(exc, "step")
         except Exception as error:  # the user's exception must still propagate unchanged
             self._error("hook", error)
 
@@ -563,7 +622,7 @@ class TrainingMonitor:
         self._state.info.update({k: str(v) for k, v in labels.items() if v is not None})
 
     def _info_defaults(self) -> None:
-        info: dict[str, Any] = {"world_size": self.world_size}
+        info: dict[str, Any] = {"world_size": self.world_size, "run": self.run_id}
         torch = sys.modules.get("torch")
         if torch is not None:
             info["torch_version"] = getattr(torch, "__version__", "")
@@ -578,11 +637,16 @@ class TrainingMonitor:
         if ref is not None and ref is not self._last_loss_ref:
             self._last_loss_ref = ref
             try:
-                state.loss = loss_value(ref, self._loss_from_device)
-            except LookupError:
-                pass
+                self._loss_reader.submit(ref)
             except (TypeError, ValueError, RuntimeError) as exc:
                 self._error("loss", f"loss not recorded: {exc}")
+        try:
+            value = self._loss_reader.poll()
+        except (TypeError, ValueError, RuntimeError) as exc:
+            self._error("loss", f"loss not recorded: {exc}")
+        else:
+            if value is not None:
+                state.loss = value
         for poller in list(self._pollers):
             try:
                 poller(state)
@@ -600,6 +664,17 @@ class TrainingMonitor:
     def _publish_once(self) -> None:
         with self._publish_lock:  # the publisher thread, finish() and close() all publish
             self._publish_locked()
+
+    def _publish_now(self) -> None:
+        """Publish from the calling thread, unless the publisher is stuck (then wake it)."""
+        # A publisher blocked on a hung run directory must not hang the caller too.
+        if self._publish_lock.acquire(timeout=1.0):
+            try:
+                self._publish_locked()
+            finally:
+                self._publish_lock.release()
+        else:
+            self._wake.set()
 
     def _publish_locked(self) -> None:
         try:

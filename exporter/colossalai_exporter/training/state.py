@@ -46,20 +46,27 @@ class Budgets:
     ``step`` is learned unless fixed: ``step_factor`` × the longest of the last
     128 step durations, never below ``step_floor`` (nvidia-resiliency-ext learns
     about 5 × the longest interval). Until a step has completed the ``startup``
-    budget applies (model load, JIT kernel builds, the first step's warm-up).
+    budget applies (model load, the first step's warm-up); a kernel load or JIT
+    build (phase ``kernels``) has its own, ``kernels``.
     """
 
     step: float | None = None
     step_factor: float = 5.0
     step_floor: float = 60.0
     startup: float = 1800.0
+    # Loading or JIT-building ColossalAI's kernels: 139 s for CPU Adam and the fused
+    # optimizer on an H200 node with 16 build jobs (FACTS.md); a stale lock in the
+    # build cache makes it wait for ever, which this budget turns into a stall.
+    kernels: float = 1800.0
     checkpoint: float = 1800.0
     evaluation: float = 3600.0
 
     def for_phase(self, phase: str, longest_recent_step: float | None) -> float:
         """The budget for ``phase`` given the longest recent step (None before any)."""
-        if phase in ("init", "kernels"):
+        if phase == "init":
             return self.startup
+        if phase == "kernels":
+            return self.kernels
         if phase == "checkpointing":
             return self.checkpoint
         if phase == "evaluating":
@@ -77,10 +84,11 @@ class RankState:
     __slots__ = ("async_writers", "checkpoint_duration", "checkpoint_failures",
                  "checkpoint_last_step", "checkpoint_last_success", "checkpointing",
                  "created", "d2h_bytes", "duration_sum", "error", "gemini_chunk_memory",
-                 "h2d_bytes", "heartbeats", "hist", "info", "kernels_ready",
-                 "last_step", "local_rank", "loss", "monitor_errors", "oom", "phase",
-                 "phase_start", "pid", "pid_ns", "pid_start", "rank", "recent", "samples", "stalls",
-                 "steps", "tokens", "world_size")
+                 "h2d_bytes", "heartbeats", "hist", "info", "kernel_failures",
+                 "kernels_ready", "last_error", "last_step", "local_rank", "loss",
+                 "monitor_errors", "oom", "phase", "phase_start", "pid", "pid_ns",
+                 "pid_start", "rank", "recent", "samples", "stalls", "steps", "tokens",
+                 "world_size")
 
     def __init__(self, rank: int, local_rank: int, world_size: int, pid: int,
                  pid_start: float | None, now: float | None = None,
@@ -97,6 +105,10 @@ class RankState:
         self.phase_start = now
         self.kernels_ready = False
         self.error = ""  # why the run failed, set by fail()
+        # The last exception the monitor saw leave a step, checkpoint, kernel load or the
+        # run: {"time", "where", "type", "device", "message"}; what a page names as cause.
+        self.last_error: dict[str, Any] | None = None
+        self.kernel_failures = 0
         self.steps = 0
         self.last_step: float | None = None
         self.samples = 0
@@ -143,7 +155,8 @@ class RankState:
             "pid": self.pid, "pid_start": self.pid_start, "pid_ns": self.pid_ns,
             "created": self.created, "written": now,
             "phase": phase, "phase_start": phase_start, "error": self.error,
-            "kernels_ready": self.kernels_ready,
+            "kernels_ready": self.kernels_ready, "kernel_failures": self.kernel_failures,
+            "last_error": None if self.last_error is None else dict(self.last_error),
             "steps": self.steps, "last_step": last_step,
             "samples": self.samples, "tokens": self.tokens, "loss": self.loss,
             "step_buckets": list(STEP_BUCKETS), "step_hist": hist,

@@ -1,0 +1,193 @@
+"""What the monitor records when training fails: the cause, on disk before the process dies.
+
+Each failure must reach the node agent even when the process ends a moment
+later, so these tests read the rank's snapshot file (what the agent reads)
+from inside the exception handler, before anything else could publish.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from colossalai_exporter import Budgets, TrainingMonitor
+from colossalai_exporter.training.errors import first_line
+from colossalai_exporter.training.monitor import detect_run_id
+from colossalai_exporter.training.snapshot import read_snapshot, snapshot_path
+from conftest import REPO, require
+from test_training_monitor import quiet, sample
+
+CUDA_OOM = ("CUDA out of memory. Tried to allocate 1024.00 MiB. GPU 0 has a total capacity "
+            "of 139.80 GiB of which 137.65 GiB is free.\nIncluding non-PyTorch memory …")
+
+
+def on_disk(tmp_path: Path) -> dict[str, Any]:
+    return read_snapshot(snapshot_path(tmp_path, 0))
+
+
+def test_budgets_are_importable_where_the_docs_import_them() -> None:
+    from colossalai_exporter import Budgets as FromRoot
+    from colossalai_exporter.training import Budgets as FromTraining
+
+    assert FromRoot is FromTraining is Budgets
+    assert Budgets(kernels=60).for_phase("kernels", None) == 60
+
+
+def test_an_oom_in_a_step_is_on_disk_before_it_propagates(tmp_path: Path) -> None:
+    # An hour between publishes: only the exception path can have written the file.
+    monitor = quiet(tmp_path, publish_interval=3600)
+    try:
+        monitor.step_done(0.01)
+        seen: dict[str, Any] = {}
+        with pytest.raises(RuntimeError) as raised:  # noqa: PT012 - the handler reads the file
+            try:
+                with monitor.step():
+                    raise RuntimeError(CUDA_OOM)
+            except RuntimeError:
+                seen.update(on_disk(tmp_path))
+                raise
+        assert "CUDA out of memory" in str(raised.value)
+    finally:
+        monitor.close()
+    assert seen["oom"]["cuda"] == 1
+    error = seen["last_error"]
+    assert error["where"] == "step"
+    assert error["type"] == "RuntimeError"
+    assert error["device"] == "cuda"
+    assert error["message"] == ("CUDA out of memory. Tried to allocate 1024.00 MiB. GPU 0 has a "
+                                "total capacity of 139.80 GiB of which 137.65 GiB is free.")
+    assert sample(seen, "colossalai_training_last_error_info", where="step",
+                  device="cuda", type="RuntimeError") == 1
+    assert sample(seen, "colossalai_training_last_error_timestamp_seconds") == error["time"]
+
+
+def test_a_failed_checkpoint_names_its_exception(tmp_path: Path) -> None:
+    monitor = quiet(tmp_path, publish_interval=3600)
+    target = tmp_path / "not-a-dir"
+    target.write_text("a file where the checkpoint folder should be")
+    try:
+        with pytest.raises(NotADirectoryError), monitor.checkpoint(step=5):
+            (target / "model.pt").write_bytes(b"")
+        snap = on_disk(tmp_path)
+    finally:
+        monitor.close()
+    assert snap["checkpoint"]["failures"] == 1
+    assert snap["last_error"]["where"] == "checkpoint"
+    assert snap["last_error"]["type"] == "NotADirectoryError"
+    assert "Not a directory" in snap["last_error"]["message"]
+    assert snap["last_error"]["device"] == ""
+
+
+def test_a_kernel_build_that_raises_is_counted_and_returns_to_its_phase(tmp_path: Path) -> None:
+    monitor = quiet(tmp_path, publish_interval=3600)
+    try:
+        # A loader that loads another (two blocks) counts once.
+        with pytest.raises(AssertionError), monitor.kernels(), monitor.kernels():
+            raise AssertionError("No usable kernel found for CPUAdamLoader on the "
+                                 "current machine.")
+        snap = on_disk(tmp_path)
+        assert monitor.snapshot()["phase"] == "init"
+    finally:
+        monitor.close()
+    assert snap["kernel_failures"] == 1
+    assert snap["last_error"]["where"] == "kernels"
+    assert snap["last_error"]["type"] == "AssertionError"
+    assert sample(snap, "colossalai_kernel_build_failures_total") == 1
+
+
+def test_kernels_have_their_own_budget(tmp_path: Path) -> None:
+    monitor = quiet(tmp_path, budgets=Budgets(startup=900, kernels=45))
+    try:
+        with monitor.kernels():
+            assert monitor.snapshot()["timeout"] == 45
+        assert monitor.snapshot()["timeout"] == 900
+    finally:
+        monitor.close()
+
+
+def test_messages_keep_paths_and_lose_url_credentials() -> None:
+    assert first_line(OSError("No space left on device: '/ckpt/step-100/model.bin'")) == \
+        "No space left on device: '/ckpt/step-100/model.bin'"
+    redacted = first_line(RuntimeError(
+        "upload to https://bob:hunter2@store.example/ckpt?token=abc&x=1 failed"))
+    assert "hunter2" not in redacted and "abc" not in redacted
+    assert "https://…@store.example/ckpt?…" in redacted
+    assert len(first_line(RuntimeError("x" * 1000))) == 240
+
+
+def test_the_run_id_is_shared_by_every_rank_of_a_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("COLOSSALAI_EXPORTER_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("MASTER_ADDR", "node-0")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    assert detect_run_id() == "node-0:29500"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun without --rdzv-id
+    assert detect_run_id() == "node-0:29500"
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    assert detect_run_id() == "4242"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "llama-70b")
+    assert detect_run_id() == "llama-70b"
+
+
+def test_an_uncaught_exception_fails_the_run_before_the_process_exits(tmp_path: Path) -> None:
+    script = textwrap.dedent(f"""
+        from colossalai_exporter import TrainingMonitor
+        monitor = TrainingMonitor(serve="none", run_dir={str(tmp_path)!r},
+                                  publish_interval=3600, rank=0, world_size=1)
+        monitor.step_done(0.01)
+        raise MemoryError("host allocation failed")
+    """)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "exporter")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 1
+    assert "MemoryError: host allocation failed" in done.stderr  # the traceback as before
+    snap = on_disk(tmp_path)
+    assert snap["phase"] == "failed"
+    assert snap["oom"]["cpu"] == 1
+    assert snap["last_error"]["where"] == "run"
+    assert snap["error"] == "MemoryError: host allocation failed"
+
+
+def test_colossalai_kernel_loads_are_watched_without_user_code(tmp_path: Path) -> None:
+    require(importlib.util.find_spec("colossalai") is not None,
+            "colossalai 0.5.0 (scripts/install-dev.sh)")
+    # A real ColossalAI loader on a machine without CUDA: its load() raises
+    # "AssertionError: No usable kernel found for CPUAdamLoader" (FACTS.md).
+    script = textwrap.dedent(f"""
+        import colossalai
+        from colossalai.kernel.kernel_loader import CPUAdamLoader
+        from colossalai_exporter import TrainingMonitor
+        monitor = TrainingMonitor(serve="none", run_dir={str(tmp_path)!r},
+                                  publish_interval=3600, rank=0, world_size=1)
+        try:
+            CPUAdamLoader().load()
+        except AssertionError:
+            print("phase after:", monitor.snapshot()["phase"])
+        monitor.close()
+    """)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "exporter")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+    assert "phase after: init" in done.stdout
+    snap = on_disk(tmp_path)
+    assert snap["kernel_failures"] == 1
+    assert snap["last_error"]["type"] == "AssertionError"
+    assert "No usable kernel found for CPUAdamLoader" in snap["last_error"]["message"]
+
+
+def test_a_monitor_without_colossalai_leaves_kernel_loading_alone(tmp_path: Path) -> None:
+    monitor = TrainingMonitor(serve="none", run_dir=tmp_path, rank=0, world_size=1)
+    try:
+        if "colossalai" not in sys.modules:
+            assert "colossalai.kernel.kernel_loader" not in sys.modules
+    finally:
+        monitor.close()
