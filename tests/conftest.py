@@ -252,3 +252,22 @@ def hung_disk_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]
     monkeypatch.setattr(disk, "check_path", hanging)
     yield release
     release.set()
+
+
+@contextlib.contextmanager
+def small_tmpfs(path: Path, size: str = "1M", *, full: bool = False) -> Iterator[Path]:
+    """A real tmpfs of ``size`` mounted at ``path`` (root only), filled to the last block
+    when ``full``; unmounted afterwards. A real full disk, as FACTS.md says works here."""
+    require(is_root(), "root, to mount a small tmpfs as a full disk")
+    path.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)],
+                             check=False, capture_output=True, text=True)
+    require(mounted.returncode == 0, f"mount -t tmpfs ({mounted.stderr.strip()})")
+    try:
+        if full:
+            fill = subprocess.run(["dd", "if=/dev/zero", f"of={path / 'fill'}", "bs=4k"],
+                                  capture_output=True, text=True, check=False)
+            assert "No space left on device" in fill.stderr, fill.stderr
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)

@@ -21,8 +21,8 @@ from colossalai_exporter import Budgets, TrainingMonitor
 from colossalai_exporter.training.errors import first_line
 from colossalai_exporter.training.monitor import detect_run_id
 from colossalai_exporter.training.snapshot import read_snapshot, snapshot_path
-from conftest import REPO, require
-from test_training_monitor import quiet, sample
+from conftest import REPO, require, small_tmpfs
+from test_training_monitor import need_torch, quiet, sample
 
 CUDA_OOM = ("CUDA out of memory. Tried to allocate 1024.00 MiB. GPU 0 has a total capacity "
             "of 139.80 GiB of which 137.65 GiB is free.\nIncluding non-PyTorch memory …")
@@ -191,3 +191,47 @@ def test_a_monitor_without_colossalai_leaves_kernel_loading_alone(tmp_path: Path
             assert "colossalai.kernel.kernel_loader" not in sys.modules
     finally:
         monitor.close()
+
+
+def test_a_checkpoint_into_a_full_filesystem_says_it_is_full(tmp_path: Path) -> None:
+    torch = need_torch()
+    monitor = quiet(tmp_path / "run", publish_interval=3600)
+    try:
+        with small_tmpfs(tmp_path / "ckpt", full=True) as full:
+            target = full / "step-10.pt"
+            with pytest.raises(RuntimeError), monitor.checkpoint(step=10, path=target):
+                # torch's writer loses the errno: "[enforce fail at inline_container.cc…]
+                # unexpected pos …", or "file write failed"
+                torch.save(torch.nn.Linear(32, 64).state_dict(), target)
+        snap = read_snapshot(snapshot_path(tmp_path / "run", 0))
+    finally:
+        monitor.close()
+    message = snap["last_error"]["message"]
+    assert message.startswith(f"filesystem full (0 B free of 1.0 MiB at {target}): "), message
+    assert "enforce fail" in message or "write failed" in message, message
+
+
+def test_a_checkpoint_with_room_left_says_nothing_of_space(tmp_path: Path) -> None:
+    monitor = quiet(tmp_path, publish_interval=3600)
+    try:
+        with pytest.raises(PermissionError), monitor.checkpoint(path=tmp_path / "ckpt"):
+            raise PermissionError(13, "Permission denied", str(tmp_path / "ckpt"))
+        snap = on_disk(tmp_path)
+    finally:
+        monitor.close()
+    assert snap["last_error"]["message"].startswith("[Errno 13] Permission denied")
+
+
+def test_entering_a_checkpoint_is_on_disk_before_the_save_starts(tmp_path: Path) -> None:
+    # A save that freezes the process with the GIL held (torch.save into a hung mount)
+    # leaves the publisher no chance: the phase must already be on disk.
+    monitor = quiet(tmp_path, publish_interval=3600)
+    try:
+        monitor.step_done(0.01)
+        with monitor.checkpoint(step=1):
+            inside = on_disk(tmp_path)["phase"]
+        with monitor.kernels():
+            building = on_disk(tmp_path)["phase"]
+    finally:
+        monitor.close()
+    assert (inside, building) == ("checkpointing", "kernels")

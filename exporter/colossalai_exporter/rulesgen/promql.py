@@ -57,7 +57,12 @@ def query(metric: str, match: tuple[str, ...], pipe: str, extra: str = "",
 
 
 def fill(template: str, **values: object) -> str:
-    """Replace ``[[name]]`` placeholders (Go templates keep their ``{{ }}``)."""
+    """Replace ``[[name]]`` placeholders (Go templates keep their ``{{ }}``).
+
+    ``[[of_run]]`` is " of run <run>" when the alert has a ``run`` label, else nothing.
+    """
+    values.setdefault("of_run", "{{ with $labels.run }} of run {{ . }}{{ end }}")
+
     def sub(match: re.Match[str]) -> str:
         key = match.group(1)
         if key in values:

@@ -12,6 +12,8 @@ not the alert's value, the template queries it (``promql.query``).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from colossalai_exporter.rulesgen.config import Duration, RulesConfig
 from colossalai_exporter.rulesgen.model import Alert, Group, Recording, RuleFile
 from colossalai_exporter.rulesgen.promql import (
@@ -31,7 +33,8 @@ INFO = "colossalai_training_info"
 # The alerts that name the cause of a failure. In deploy/alertmanager/alertmanager.yml
 # each mutes, for its run, the alerts that follow from it (docs/rules.md, "One incident,
 # one page").
-CAUSE_ALERTS = ("GeminiOutOfMemory", "KernelBuildFailed", "CheckpointFailing")
+CAUSE_ALERTS = ("GeminiOutOfMemory", "KernelBuildFailed", "CheckpointFailing",
+                "CheckpointStuck")
 CONSEQUENCE_ALERTS = ("TrainingRankDown", "TrainingStalled", "NCCLRendezvousDown",
                       "TrainingStartupStuck", "KernelsNotReady")
 
@@ -86,19 +89,24 @@ def recent_events(series: str, window: Duration) -> str:
             f"({series} > 0 unless {series} offset {window})")
 
 
-def on_any_rank(metric: str, window: Duration, t: Selector, n: Selector) -> str:
-    """Recent events of a per-rank counter, from whichever view sees the rank.
+def on_any_rank(build: Callable[[Selector], str], t: Selector, n: Selector) -> str:
+    """``build``'s vector from whichever view sees the rank, each rank once.
 
     The node agent re-serves every local rank's series (rank 0's too) from the
-    snapshot the rank writes synchronously when an exception passes, so it sees
-    ranks the rank-0 server does not serve and failures that end the process a
-    moment later. The rank-0 server's view counts only where no agent reports
-    the same rank of the same run, so nothing is counted twice.
+    snapshot the rank writes, synchronously when an exception passes: it sees
+    ranks the rank-0 server does not serve, failures that end the process a
+    moment later, and the last state of a rank frozen with the GIL held (whose
+    own server cannot answer). The rank servers' view counts only where no agent
+    reports the same rank of the same run, so nothing is counted twice.
     """
-    node = with_run(recent_events(n(metric), window), n)
-    training = with_run(recent_events(t(metric), window), t)
-    return (f"{node}\nor\n(\n{indent(training)}\n  unless on (run, rank)\n"
-            f"{indent(with_run(n(metric), n))}\n)")
+    seen_by_agent = with_run(n("colossalai_training_phase"), n)
+    return (f"{with_run(build(n), n)}\nor\n(\n{indent(with_run(build(t), t))}\n"
+            f"  unless on (run, rank)\n{indent(seen_by_agent)}\n)")
+
+
+def events_on_any_rank(metric: str, window: Duration, t: Selector, n: Selector) -> str:
+    """Recent events of a per-rank counter (see :func:`recent_events`), on any rank."""
+    return on_any_rank(lambda sel: recent_events(sel(metric), window), t, n)
 
 
 def _last_error() -> str:
@@ -144,17 +152,26 @@ def training(config: RulesConfig) -> RuleFile:
     def phase_over_budget(name: str, phases: str, summary: str, what: str,
                           severity: str) -> Alert:
         matcher = f'phase=~"{phases}"' if "|" in phases else f'phase="{phases}"'
-        return Alert(
-            name,
-            with_run(expr(f"""
-                (time() - {phase_start} > {timeout})
+
+        # From either view: a rank frozen with the GIL held (a checkpoint write into
+        # a hung mount inside torch.save) cannot answer its own scrape; its last
+        # snapshot still says which phase it is stuck in, and since when.
+        def over_budget(sel: Selector) -> str:
+            return expr(f"""
+                (
+                    time() - {sel("colossalai_training_phase_start_timestamp_seconds")}
+                  > {sel("colossalai_training_step_timeout_seconds")}
+                )
                 * ignoring (phase) group_left (phase)
-                  ({t(phase, matcher)} == 1)
-            """), t),
-            severity, summary,
-            fill("Rank [[$rank]] of job [[$job]] ([[$instance]]) has been in phase "
+                  ({sel(phase, matcher)} == 1)
+            """)
+
+        return Alert(
+            name, on_any_rank(over_budget, t, n), severity, summary,
+            fill("Rank [[$rank]][[of_run]] on [[$instance]] has been in phase "
                  "[[$phase]] for {{ $value | humanizeDuration }}, beyond its budget of "
-                 "[[budget]]: [[what]].", budget=_budget(), what=what),
+                 "[[budget]]: [[what]].[[last_error]]", budget=_budget(), what=what,
+                 last_error=_last_error()),
             _training_dash())
 
     alerts = Group("colossalai-training.alerts", (
@@ -223,7 +240,7 @@ def training(config: RulesConfig) -> RuleFile:
                   {n(phase, 'phase="finished"')} == 1
             """), n),
             "critical", "A training rank's process is gone or has stopped publishing its state.",
-            fill("Rank [[$rank]] of run [[$run]] on [[$instance]] is down: its process is gone "
+            fill("Rank [[$rank]][[of_run]] on [[$instance]] is down: its process is gone "
                  "or frozen (state snapshot [[age]] old).[[last_error]]",
                  age=query("colossalai_rank_snapshot_age_seconds", RANK,
                            "value | humanizeDuration"),
@@ -231,20 +248,16 @@ def training(config: RulesConfig) -> RuleFile:
             _nodes_dash(), cause="process"),
         Alert(
             "TrainingRankDown",
-            # The run label from the info the target served before it went down (the
-            # last hour), so that a cause alert of the same run mutes this one too.
+            # Only a rank server that served a run in the last hour, and with that run's
+            # label, so that a cause alert of the run mutes this one too. A target that
+            # has not served yet is a run still starting (model load before the
+            # monitor exists, minutes at scale): not down.
             expr(f"""
                 (
                   {t('up')} == 0
                 )
                 * on (job, instance) group_left (run)
                   max by (job, instance, run) (last_over_time({t(INFO)}[1h]))
-                or
-                (
-                  {t('up')} == 0
-                )
-                unless on (job, instance)
-                  last_over_time({t(INFO)}[1h])
             """),
             "critical", "A training rank's process is gone or has stopped publishing its state.",
             fill("Prometheus cannot scrape the rank server [[$instance]] of job [[$job]]: the "
@@ -261,9 +274,9 @@ def training(config: RulesConfig) -> RuleFile:
             _training_dash()),
         Alert(
             "GeminiOutOfMemory",
-            on_any_rank("colossalai_gemini_oom_total", th.gemini_oom_window, t, n),
+            events_on_any_rank("colossalai_gemini_oom_total", th.gemini_oom_window, t, n),
             "critical", "A training rank ran out of memory.",
-            fill('Rank [[$rank]] of run [[$run]] on [[$instance]] hit {{ $value | printf "%.0f" }} '
+            fill('Rank [[$rank]][[of_run]] on [[$instance]] hit {{ $value | printf "%.0f" }} '
                  "out-of-memory error(s) in [[memory]] in the last [[window]].[[died]]"
                  "[[last_error]]",
                  memory='{{ if eq $labels.device "cuda" }}GPU memory (CUDA){{ else if eq '
@@ -273,20 +286,20 @@ def training(config: RulesConfig) -> RuleFile:
             _training_dash()),
         Alert(
             "CheckpointFailing",
-            on_any_rank("colossalai_checkpoint_failures_total", th.checkpoint_failure_window,
-                        t, n),
+            events_on_any_rank("colossalai_checkpoint_failures_total",
+                               th.checkpoint_failure_window, t, n),
             "critical", "A checkpoint save raised an error.",
-            fill('Rank [[$rank]] of run [[$run]] on [[$instance]]: {{ $value | printf "%.0f" }} '
+            fill('Rank [[$rank]][[of_run]] on [[$instance]]: {{ $value | printf "%.0f" }} '
                  "checkpoint save(s) failed in the last [[window]].[[died]][[last_error]]",
                  window=th.checkpoint_failure_window, last_error=_last_error(),
                  died=_since_died()),
             _training_dash()),
         Alert(
             "KernelBuildFailed",
-            on_any_rank("colossalai_kernel_build_failures_total", th.kernel_failure_window,
-                        t, n),
+            events_on_any_rank("colossalai_kernel_build_failures_total",
+                               th.kernel_failure_window, t, n),
             "critical", "Loading or building a ColossalAI kernel failed.",
-            fill('Rank [[$rank]] of run [[$run]] on [[$instance]]: {{ $value | printf "%.0f" }} '
+            fill('Rank [[$rank]][[of_run]] on [[$instance]]: {{ $value | printf "%.0f" }} '
                  "kernel load(s) or JIT build(s) failed in the last [[window]].[[died]]"
                  "[[last_error]]",
                  window=th.kernel_failure_window, last_error=_last_error(), died=_since_died()),

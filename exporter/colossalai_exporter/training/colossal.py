@@ -9,6 +9,7 @@ a CUDA tensor and ``should_skip_step()`` all-reduces; neither is used).
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from typing import TYPE_CHECKING, Any
 
@@ -68,7 +69,10 @@ def watch_booster(monitor: TrainingMonitor, booster: Any) -> None:
 def _checkpointed(monitor: TrainingMonitor, save: Any) -> Any:
     @functools.wraps(save)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        with monitor.checkpoint():
+        # Booster.save_model(model, checkpoint, …): the second argument is where it goes.
+        target = kwargs.get("checkpoint", args[1] if len(args) > 1 else None)
+        path = target if isinstance(target, (str, os.PathLike)) else None
+        with monitor.checkpoint(path=path):
             return save(*args, **kwargs)
 
     return wrapper

@@ -16,7 +16,9 @@ tokens travel) are replaced by ``…``.
 
 from __future__ import annotations
 
+import os
 import re
+import threading
 from typing import Any, Final
 
 from colossalai_exporter.training.oom import Device
@@ -43,7 +45,57 @@ def first_line(exc: BaseException) -> str:
 
 
 def error_record(exc: BaseException, where: str, device: Device | None,
-                 now: float) -> dict[str, Any]:
-    """The snapshot's ``last_error``: a JSON-ready dict."""
+                 now: float, note: str = "") -> dict[str, Any]:
+    """The snapshot's ``last_error``: a JSON-ready dict; ``note`` leads the message."""
+    message = first_line(exc)
+    if note:
+        message = f"{note}: {message}"[:MESSAGE_LIMIT]
     return {"time": now, "where": where, "type": type(exc).__name__,
-            "device": device or "", "message": first_line(exc)}
+            "device": device or "", "message": message}
+
+
+# Below this much free space a failed save is put down to a full filesystem: less than
+# any model's checkpoint shard, more than the metadata a nearly full disk keeps writing.
+FULL_BELOW_BYTES: Final = 64 * 1024 * 1024
+SPACE_CHECK_SECONDS: Final = 1.0
+
+
+def space_note(path: str | os.PathLike[str] | None) -> str:
+    """"filesystem full (0 B free of 1.0 MiB at /ckpt)" when ``path``'s filesystem is full.
+
+    Only on a failed checkpoint, off the hot path. ``statvfs`` runs in a thread
+    with a deadline: the filesystem that just failed a write may be a hung mount,
+    and the failing save must still propagate promptly.
+    """
+    if path is None:
+        return ""
+    target = os.fspath(path)
+    result: list[os.statvfs_result] = []
+
+    def look() -> None:
+        probe = target
+        while probe and not os.path.exists(probe):  # a save may fail before creating it
+            parent = os.path.dirname(probe)
+            if parent == probe:
+                return
+            probe = parent
+        result.append(os.statvfs(probe or "."))
+
+    thread = threading.Thread(target=look, name="colossalai-space-check", daemon=True)
+    thread.start()
+    thread.join(SPACE_CHECK_SECONDS)
+    if not result:
+        return ""
+    stat = result[0]
+    free, total = stat.f_bavail * stat.f_frsize, stat.f_blocks * stat.f_frsize
+    if free >= FULL_BELOW_BYTES:
+        return ""
+    return f"filesystem full ({_size(free)} free of {_size(total)} at {target})"
+
+
+def _size(value: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if value < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"

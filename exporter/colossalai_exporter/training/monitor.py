@@ -35,7 +35,7 @@ from colossalai_exporter.training import fatal as _fatal_hook
 from colossalai_exporter.training import flight_recorder
 from colossalai_exporter.training import snapshot as snapfiles
 from colossalai_exporter.training.device_loss import DeviceLossReader
-from colossalai_exporter.training.errors import error_record
+from colossalai_exporter.training.errors import error_record, space_note
 from colossalai_exporter.training.heartbeat import HeartbeatSender
 from colossalai_exporter.training.oom import Device, classify_oom
 from colossalai_exporter.training.stacks import write_stacks
@@ -50,6 +50,12 @@ from colossalai_exporter.training.state import (
 log = logging.getLogger("colossalai_exporter.training")
 
 DEFAULT_PORT = 8766
+# Phases whose snapshot is written by the thread entering them, before it goes on: a
+# checkpoint or a kernel build is where a process freezes in the kernel holding the
+# GIL (torch.save opening a file on a hung mount does), and then the publisher thread
+# never runs again to say so. Both are rare (minutes apart), so the ~50 us write to
+# the run directory costs nothing a step would notice; steps never publish.
+SYNC_PUBLISH_PHASES = frozenset({"checkpointing", "kernels"})
 SERVE_MODES = ("rank0", "local", "none")
 _RING_MASK = RECENT_STEPS - 1
 _perf = time.perf_counter
@@ -248,6 +254,7 @@ class TrainingMonitor:
         self._last_loss_ref: Any = None
         self._watch_kernels = watch_kernels
         self._kernel_depth = 0  # nested kernels() blocks (a loader that loads another)
+        self._checkpoint_path: str | os.PathLike[str] | None = None
         self._step = Step(self)  # reused: no allocation per step
         self._publish_lock = threading.Lock()
         self._last_done: float | None = None  # perf_counter of the last step_done()
@@ -414,7 +421,10 @@ class TrainingMonitor:
             state.kernels_ready = False
         state.phase_start = _wall()
         state.phase = name
-        self._wake.set()  # snapshot on every phase change (not per step)
+        if name in SYNC_PUBLISH_PHASES and self._thread is not None:
+            self._publish_now()
+        else:
+            self._wake.set()  # snapshot on every phase change (not per step)
 
     @contextlib.contextmanager
     def kernels(self) -> Iterator[None]:
@@ -468,24 +478,33 @@ class TrainingMonitor:
             self.phase("training")
 
     @contextlib.contextmanager
-    def checkpoint(self, step: int | None = None) -> Iterator[None]:
+    def checkpoint(self, step: int | None = None,
+                   path: str | os.PathLike[str] | None = None) -> Iterator[None]:
         """Phase "checkpointing" for the block; success records time, step and duration.
 
         Nested use (a watched booster's save inside this block) counts once.
+        ``path``, where the checkpoint goes (a watched booster's save passes its
+        own), lets a failure say whether that filesystem is full: torch's writer
+        reports a full disk as "[enforce fail at inline_container.cc:672] .
+        unexpected pos 832 vs 726", with no errno left to read.
         """
         state = self._state
         if state.checkpointing:
+            if path is not None:
+                self._checkpoint_path = path
             yield
             return
         previous = state.phase
         state.checkpointing = True
+        self._checkpoint_path = path
         self.phase("checkpointing")
         started = _perf()
         try:
             yield
         except BaseException as exc:
             state.checkpoint_failures += 1
-            self._record_exception(exc, "checkpoint")
+            note = space_note(self._checkpoint_path)
+            self._record_exception(exc, "checkpoint", note=note)
             raise
         else:
             state.checkpoint_duration = _perf() - started
@@ -567,7 +586,8 @@ class TrainingMonitor:
             self._error("hook", error)
             return None
 
-    def _record_exception(self, exc: BaseException, where: str, publish: bool = True) -> None:
+    def _record_exception(self, exc: BaseException, where: str, publish: bool = True,
+                          note: str = "") -> None:
         """Count ``exc`` (OOMs by device), make it the last error, and publish at once.
 
         An exception passes through step(), checkpoint() and fail(): counted once.
@@ -585,7 +605,7 @@ class TrainingMonitor:
         state = self._state
         if device is not None:
             state.oom[device] += 1
-        state.last_error = error_record(exc, where, device, _wall())
+        state.last_error = error_record(exc, where, device, _wall(), note)
         if publish:
             self._publish_now()
 

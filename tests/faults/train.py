@@ -1,0 +1,162 @@
+"""The training script the fault suite runs: docs/training.md's loop, with one failure injected.
+
+Run under torchrun (2 ranks, gloo, ColossalAI's Booster with TorchDDPPlugin), as a
+user would write it: the monitor is created after ``launch_from_torch``, the model
+is boosted through it, each step is a ``with monitor.step()`` block, checkpoints
+go through the watched ``booster.save_model``. It has no ``with TrainingMonitor()``
+and catches nothing it would not catch in real life, so an uncaught exception ends
+the rank the way it ends a real one (``sys.excepthook``, exit 1, torchrun stops
+the others).
+
+``FAULT`` names the failure and ``FAULT_RANK`` the rank that has it. Failures of
+the running loop wait for SIGUSR1, which the test sends once Prometheus has seen
+the run healthy; start-up failures (kernels) happen on their own. Nothing here
+fakes a failure's text: the out-of-memory errors are the exception types and
+texts ColossalAI and torch raise (FACTS.md), the host allocation failure, the
+full disk, the checkpoint target that is a file, the kernel that does not load
+and the call that holds the GIL are real.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import colossalai
+import torch
+from colossalai.booster import Booster
+from colossalai.booster.plugin import TorchDDPPlugin
+
+from colossalai_exporter import Budgets, TrainingMonitor
+
+FAULT = os.environ.get("FAULT", "none")
+FAULT_RANK = int(os.environ.get("FAULT_RANK", "1"))
+CHECKPOINT_DIR = Path(os.environ["CHECKPOINT_DIR"])
+STEP_SECONDS = 0.05  # stands in for the real work of a step
+CHECKPOINT_EVERY = int(os.environ.get("CHECKPOINT_EVERY", "50"))
+
+# torch.OutOfMemoryError's text as a Gemini run on an H200 raised it (FACTS.md).
+CUDA_OOM = ("CUDA out of memory. Tried to allocate 1024.00 MiB. GPU 0 has a total capacity "
+            "of 139.80 GiB of which 137.65 GiB is free. Of the allocated memory 1.40 GiB is "
+            "allocated by PyTorch.")
+GEMINI_LAYOUT = "Adjust layout failed! No enough CUDA memory! Need 2147483648, 1073741824 left"
+
+armed = threading.Event()
+signal.signal(signal.SIGUSR1, lambda signum, frame: armed.set())
+
+
+def slow_kernel_loader() -> Any:
+    """A real ``KernelLoader`` whose only extension takes ten minutes to build.
+
+    What a JIT build behind a stale lock in the extension cache looks like: the
+    loader's own ``load()`` picks the extension and calls its ``load()``, which
+    never returns in time.
+    """
+    from colossalai.kernel.extensions.base_extension import _Extension
+    from colossalai.kernel.kernel_loader import KernelLoader
+
+    class StuckBuild(_Extension):
+        def __init__(self) -> None:
+            super().__init__(name="stuck_build", support_aot=False, support_jit=True)
+
+        def is_available(self) -> bool:
+            return True
+
+        def assert_compatible(self) -> None:
+            pass
+
+        def build_aot(self) -> Any:
+            raise NotImplementedError
+
+        def build_jit(self) -> Any:
+            time.sleep(600)  # waiting for a lock nobody releases
+
+        def load(self) -> Any:
+            return self.build_jit()
+
+    class StuckLoader(KernelLoader):
+        REGISTRY = [StuckBuild]  # noqa: RUF012 - ColossalAI's own class attribute
+
+    return StuckLoader().load()
+
+
+def main() -> int:
+    colossalai.launch_from_torch(backend="gloo", verbose=False)
+    monitor = TrainingMonitor(
+        budgets=Budgets(step=5.0, checkpoint=5.0, kernels=5.0, startup=120.0),
+        publish_interval=0.5)
+    rank = monitor.rank
+    mine = rank == FAULT_RANK
+    torch.manual_seed(0)
+    model: Any = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
+                                     torch.nn.Linear(64, 1))
+    if FAULT == "kernel_build_fails":
+        # HybridAdam loads ColossalAI's CPU Adam kernel; on a machine without one:
+        # "AssertionError: No usable kernel found for CPUAdamLoader on the current machine."
+        from colossalai.nn.optimizer import HybridAdam
+
+        optimizer: Any = HybridAdam(model.parameters(), lr=0.01)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    if FAULT == "kernel_build_slow" and mine:
+        slow_kernel_loader()
+    criterion: Any = torch.nn.MSELoss()
+    booster = Booster(plugin=TorchDDPPlugin())
+    model, optimizer, criterion, _, _ = monitor.boost(booster, model, optimizer, criterion)
+    print(f"rank {rank}: training", flush=True)
+
+    step = 0
+    while True:
+        step += 1
+        fault_now = armed.is_set() and mine
+        try:
+            with monitor.step(samples=16) as current:
+                if fault_now:
+                    inject_in_step()
+                x = torch.randn(16, 32)
+                loss = criterion(model(x), x[:, :1] * 2.0 + 0.1)
+                booster.backward(loss, optimizer)
+                optimizer.step()
+                optimizer.zero_grad()
+                current.loss = loss.detach()
+                time.sleep(STEP_SECONDS)
+        except (torch.OutOfMemoryError, RuntimeError) as exc:
+            if FAULT not in ("oom_caught", "host_oom"):
+                raise
+            # The retry a user writes around an out-of-memory error: skip the batch.
+            print(f"rank {rank}: step {step} skipped: {str(exc).splitlines()[0]}", flush=True)
+            armed.clear()
+            continue
+        if armed.is_set() and FAULT == "long_eval":
+            armed.clear()
+            with monitor.evaluation():
+                time.sleep(20)  # far over the step budget, well within evaluation's
+        if armed.is_set() and FAULT.startswith("checkpoint"):
+            # A save the test asked for, into the target it prepared (full, a file, hung).
+            armed.clear()
+            booster.save_model(model, str(CHECKPOINT_DIR / "requested.pt"))
+        elif step % CHECKPOINT_EVERY == 0:
+            booster.save_model(model, str(CHECKPOINT_DIR / f"step-{step}.pt"))
+
+
+def inject_in_step() -> None:
+    if FAULT in ("oom_caught", "oom_fatal"):
+        raise torch.OutOfMemoryError(CUDA_OOM)
+    if FAULT == "gemini_layout":
+        raise RuntimeError(GEMINI_LAYOUT)
+    if FAULT == "host_oom":
+        torch.empty(2**45, dtype=torch.uint8)  # 32 TiB: the CPU allocator refuses
+    if FAULT == "frozen_compute":
+        time.sleep(3600)  # a compute kernel that never returns, GIL released
+    if FAULT == "gil_hang":
+        ctypes.PyDLL(None).sleep(3600)  # a C call that holds the GIL: nothing runs
+
+
+if __name__ == "__main__":
+    sys.exit(main())
