@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # The checks that need a real NVIDIA GPU and driver, which CI machines do not
 # have: the tests marked `gpu` (real NVML, the agent on real GPUs, a CUDA
-# training loop under torch's sync debug mode, a real CUDA out-of-memory) and
+# training loop under torch's sync debug mode with its loss read off the device
+# without a wait, a real CUDA out-of-memory, a real GeminiPlugin run whose loss
+# arrives and whose JIT kernel build shows as phase kernels; ColossalAI and the
+# wheels FACTS.md lists, with TORCH_CUDA_ARCH_LIST and MAX_JOBS set) and
 # the node-agent benchmark with its gpu collector reading real GPUs. Needs the
 # test dependencies, torch with CUDA for the training tests, and
 # prometheus-node-exporter and promtool on PATH. Results go to DIR.
@@ -19,7 +22,8 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out
 
 echo "== tests marked gpu"
 "$py" -m pytest -p no:cacheprovider -m gpu -v \
-  tests/test_gpu_real_nvml.py tests/test_training_cuda.py 2>&1 | tee "$out/pytest.log" || rc=1
+  tests/test_gpu_real_nvml.py tests/test_training_cuda.py tests/test_training_gemini_gpu.py \
+  2>&1 | tee "$out/pytest.log" || rc=1
 grep -q " skipped\| SKIPPED" "$out/pytest.log" && { echo "gpu-check: a gpu test was skipped"; rc=1; }
 
 echo "== one exposition of the agent on this node"
