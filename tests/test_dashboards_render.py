@@ -25,6 +25,7 @@ from colossalai_exporter.dashboards import jsonmodel
 from colossalai_exporter.dashboards.query import Prometheus
 from colossalai_exporter.dashboards.render_png import legend_text, main, render_all
 from colossalai_exporter.training.families import families
+from colossalai_exporter.training.snapshot import HeartbeatState
 from colossalai_exporter.training.state import Budgets, RankState
 from conftest import REPO, wait_until
 from prometheus_helpers import render_rules, running_prometheus, serving
@@ -49,8 +50,8 @@ class TwoRanks(Collector):
         stepping = self.ranks[1]
         stepping.checkpoint_last_success, stepping.checkpoint_last_step = now - 30, 10
         stepping.checkpoint_duration = 4.0
-        stepping.heartbeats = {"step": {"last_success": now, "last_attempt": now,
-                                        "success": 1, "failure": 0, "dropped": 0}}
+        stepping.heartbeats = {"step": HeartbeatState(last_success=now, last_attempt=now,
+                                                      success=1)}
         self.lock = threading.Lock()
 
     def collect(self) -> Iterator[Metric]:
@@ -62,8 +63,9 @@ class TwoRanks(Collector):
             stepping.hist[5] += 1  # the 0.25 s bucket
             stepping.duration_sum += 0.2
             stepping.loss = 2.5 / stepping.steps ** 0.5
-            stepping.heartbeats["step"].update(last_success=now, last_attempt=now)
-            stepping.heartbeats["step"]["success"] = stepping.steps
+            beat = stepping.heartbeats["step"]
+            beat.last_success = beat.last_attempt = now
+            beat.success = stepping.steps
             for state in self.ranks:
                 yield from families(state.snapshot(self.budgets, now))
 

@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric as MetricFamily
 
 from colossalai_exporter.node.ranks import RanksCollector
+from colossalai_exporter.training.snapshot import ERROR_REASONS, read_snapshot
 from conftest import cli_env, require, require_binary, wait_until
 
 # A rank: a plain Python loop with the monitor (the snapshots are the same as under
@@ -103,11 +104,51 @@ def test_missing_dir_and_garbage_files(tmp_path: Path) -> None:
     registry = CollectorRegistry()
     collector = RanksCollector(tmp_path / "nothing-yet")
     registry.register(Adapter(collector))
-    assert registry.get_sample_value("colossalai_rank_snapshot_errors_total") == 0
+    for reason in ERROR_REASONS:  # pre-created at zero
+        assert registry.get_sample_value("colossalai_rank_snapshot_errors_total",
+                                         {"reason": reason}) == 0
     (tmp_path / "nothing-yet").mkdir()
     (tmp_path / "nothing-yet" / "rank-0.json").write_text("{half a file")
-    assert registry.get_sample_value("colossalai_rank_snapshot_errors_total") == 1
+    assert registry.get_sample_value("colossalai_rank_snapshot_errors_total",
+                                     {"reason": "malformed"}) == 1
     assert registry.get_sample_value("colossalai_rank_up", {"rank": "0"}) is None
+
+
+def test_a_bad_snapshot_costs_only_its_rank(tmp_path: Path) -> None:
+    """Issue 18: one rank-N.json missing a key hid every rank on the node."""
+    from colossalai_exporter import TrainingMonitor
+
+    TrainingMonitor(serve="none", run_dir=tmp_path, rank=1, start=False).close()
+    good = json.loads((tmp_path / "rank-1.json").read_text())
+    missing = {k: v for k, v in good.items() if k != "phase"}  # an older or broken writer
+    (tmp_path / "rank-0.json").write_text(json.dumps({**missing, "rank": 0}))
+    (tmp_path / "rank-2.json").write_text(json.dumps({**good, "rank": 2, "version": 99}))
+    (tmp_path / "rank-3.json").write_text(json.dumps({**good, "rank": 3})[:200])  # truncated
+    (tmp_path / "rank-4.json").write_text(json.dumps({**good, "rank": 4, "steps": "many"}))
+    collector = RanksCollector(tmp_path)
+    try:
+        families = collector.collect(time.monotonic() + 5)  # one scrape: each file read once
+    finally:
+        collector.close()
+    assert samples_of(families, "colossalai_rank_up") == {"1": 1.0}
+    errors = {s.labels["reason"]: s.value for f in families for s in f.samples
+              if s.name == "colossalai_rank_snapshot_errors_total"}
+    assert errors == {"malformed": 1, "invalid": 2, "version": 1, "unreadable": 0}
+
+
+def test_a_version_1_snapshot_from_an_older_monitor_is_read(tmp_path: Path) -> None:
+    from colossalai_exporter import TrainingMonitor
+
+    TrainingMonitor(serve="none", run_dir=tmp_path, rank=1, start=False).close()
+    old = json.loads((tmp_path / "rank-1.json").read_text())
+    for key in ("kernel_failures", "last_error"):  # fields version 2 added
+        del old[key]
+    (tmp_path / "rank-1.json").write_text(json.dumps({**old, "version": 1}))
+    snap = read_snapshot(tmp_path / "rank-1.json")
+    assert (snap.kernel_failures, snap.last_error) == (0, None)
+    registry = CollectorRegistry()
+    registry.register(Adapter(RanksCollector(tmp_path)))
+    assert registry.get_sample_value("colossalai_rank_up", {"rank": "1"}) == 1
 
 
 def test_old_snapshots_of_dead_processes_are_forgotten(tmp_path: Path) -> None:
@@ -175,8 +216,8 @@ def test_a_real_rank_in_its_own_pid_namespace(tmp_path: Path) -> None:
                               "colossalai_rank_up").get("0")
 
         wait_until(lambda: up() == 1.0, timeout=30, what="the namespaced rank to be up")
-        snap = json.loads((tmp_path / "rank-0.json").read_text())
-        assert snap["pid"] != proc.pid and snap["pid"] <= 3, snap["pid"]  # its own pid space
+        snap = read_snapshot(tmp_path / "rank-0.json")
+        assert snap.pid != proc.pid and snap.pid <= 3, snap.pid  # its own pid space
         families = wait_until(
             lambda: (f := collector.collect(time.monotonic() + 5))
             and samples_of(f, "colossalai_training_steps_total").get("0", 0) > 0 and f,

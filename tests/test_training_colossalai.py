@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from colossalai_exporter.node.ranks import RanksCollector
+from colossalai_exporter.training.snapshot import read_snapshot
 from conftest import cli_env, free_port, http_get, require, wait_until
 from test_ranks_collector import Adapter
 
@@ -181,8 +182,8 @@ def test_real_job_seen_from_rank0_and_from_the_node_agent(job: Job) -> None:
     assert "OOM-RERAISED RuntimeError True" in out, out
     assert out.count("DONE") == 2, out
     for rank in ("0", "1"):
-        snap = json.loads((job.run_dir / f"rank-{rank}.json").read_text())
-        assert snap["phase"] == "finished"
+        snap = read_snapshot(job.run_dir / f"rank-{rank}.json")
+        assert snap.phase == "finished"
         assert registry.get_sample_value("colossalai_rank_up", {"rank": rank}) == 0
         assert registry.get_sample_value(
             "colossalai_training_phase", {"rank": rank, "phase": "finished"}) == 1

@@ -70,7 +70,7 @@ def test_the_monitor_never_synchronises_the_device(tmp_path: Path) -> None:
         with pytest.raises(RuntimeError, match="synchroniz"):
             step.loss.item()
         # The publisher, under the check too, writes the last step's state for the agent.
-        wait_until(lambda: read_snapshot(snapshot_path(tmp_path, 0))["steps"] == 300, 5,
+        wait_until(lambda: read_snapshot(snapshot_path(tmp_path, 0)).steps == 300, 5,
                    what="a snapshot of all 300 steps")
         # The loss, copied to the host on a side stream without a wait, arrives while
         # the check is still on: the last step's, once its copy has completed.
@@ -80,15 +80,15 @@ def test_the_monitor_never_synchronises_the_device(tmp_path: Path) -> None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             torch.cuda.set_sync_debug_mode("error")
-        wait_until(lambda: monitor.snapshot()["loss"] == pytest.approx(expected), 5,
+        wait_until(lambda: monitor.snapshot().loss == pytest.approx(expected), 5,
                    what="the last loss read without synchronising")
     finally:
         torch.cuda.set_sync_debug_mode(0)
         monitor.close()
     assert scrapes == [200] * 5
     snap = monitor.snapshot()
-    assert snap["monitor_errors"] == {}, snap["monitor_errors"]
-    assert snap["steps"] == 300
+    assert snap.monitor_errors == {}, snap.monitor_errors
+    assert snap.steps == 300
 
 
 @pytest.mark.gpu
@@ -102,7 +102,7 @@ def test_loss_from_device_reads_the_loss_in_the_publisher(tmp_path: Path) -> Non
             with monitor.step() as step:
                 step.loss = _train_step(torch, model, optimizer, x, y)
         last = step.loss.item()
-        wait_until(lambda: monitor.snapshot()["loss"] == pytest.approx(last), 5,
+        wait_until(lambda: monitor.snapshot().loss == pytest.approx(last), 5,
                    what="the last loss published")
     finally:
         monitor.close()
@@ -120,9 +120,9 @@ def test_a_real_cuda_out_of_memory_is_counted_as_cuda(tmp_path: Path) -> None:
         snap = monitor.snapshot()
     finally:
         monitor.close()
-    assert snap["oom"] == {"cuda": 1, "cpu": 0, "nvme": 0}
+    assert snap.oom == {"cuda": 1, "cpu": 0, "nvme": 0}
     assert sample(snap, "colossalai_gemini_oom_total", device="cuda") == 1
-    error = read_snapshot(snapshot_path(tmp_path, 0))["last_error"]  # on disk at once
-    assert (error["where"], error["type"], error["device"]) == ("step", "OutOfMemoryError",
+    error = read_snapshot(snapshot_path(tmp_path, 0)).last_error  # on disk at once
+    assert (error.where, error.type, error.device) == ("step", "OutOfMemoryError",
                                                                 "cuda")
-    assert error["message"].startswith("CUDA out of memory. Tried to allocate"), error
+    assert error.message.startswith("CUDA out of memory. Tried to allocate"), error

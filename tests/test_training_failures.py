@@ -13,14 +13,13 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from colossalai_exporter import Budgets, TrainingMonitor
 from colossalai_exporter.training.errors import first_line
 from colossalai_exporter.training.monitor import detect_run_id
-from colossalai_exporter.training.snapshot import read_snapshot, snapshot_path
+from colossalai_exporter.training.snapshot import Snapshot, read_snapshot, snapshot_path
 from conftest import REPO, require, small_tmpfs
 from test_training_monitor import need_torch, quiet, sample
 
@@ -28,7 +27,7 @@ CUDA_OOM = ("CUDA out of memory. Tried to allocate 1024.00 MiB. GPU 0 has a tota
             "of 139.80 GiB of which 137.65 GiB is free.\nIncluding non-PyTorch memory …")
 
 
-def on_disk(tmp_path: Path) -> dict[str, Any]:
+def on_disk(tmp_path: Path) -> Snapshot:
     return read_snapshot(snapshot_path(tmp_path, 0))
 
 
@@ -45,27 +44,29 @@ def test_an_oom_in_a_step_is_on_disk_before_it_propagates(tmp_path: Path) -> Non
     monitor = quiet(tmp_path, publish_interval=3600)
     try:
         monitor.step_done(0.01)
-        seen: dict[str, Any] = {}
+        seen: list[Snapshot] = []
         with pytest.raises(RuntimeError) as raised:  # noqa: PT012 - the handler reads the file
             try:
                 with monitor.step():
                     raise RuntimeError(CUDA_OOM)
             except RuntimeError:
-                seen.update(on_disk(tmp_path))
+                seen.append(on_disk(tmp_path))
                 raise
         assert "CUDA out of memory" in str(raised.value)
     finally:
         monitor.close()
-    assert seen["oom"]["cuda"] == 1
-    error = seen["last_error"]
-    assert error["where"] == "step"
-    assert error["type"] == "RuntimeError"
-    assert error["device"] == "cuda"
-    assert error["message"] == ("CUDA out of memory. Tried to allocate 1024.00 MiB. GPU 0 has a "
+    (snap,) = seen
+    assert snap.oom["cuda"] == 1
+    error = snap.last_error
+    assert error is not None
+    assert error.where == "step"
+    assert error.type == "RuntimeError"
+    assert error.device == "cuda"
+    assert error.message == ("CUDA out of memory. Tried to allocate 1024.00 MiB. GPU 0 has a "
                                 "total capacity of 139.80 GiB of which 137.65 GiB is free.")
-    assert sample(seen, "colossalai_training_last_error_info", where="step",
+    assert sample(snap, "colossalai_training_last_error_info", where="step",
                   device="cuda", type="RuntimeError") == 1
-    assert sample(seen, "colossalai_training_last_error_timestamp_seconds") == error["time"]
+    assert sample(snap, "colossalai_training_last_error_timestamp_seconds") == error.time
 
 
 def test_a_failed_checkpoint_names_its_exception(tmp_path: Path) -> None:
@@ -78,11 +79,11 @@ def test_a_failed_checkpoint_names_its_exception(tmp_path: Path) -> None:
         snap = on_disk(tmp_path)
     finally:
         monitor.close()
-    assert snap["checkpoint"]["failures"] == 1
-    assert snap["last_error"]["where"] == "checkpoint"
-    assert snap["last_error"]["type"] == "NotADirectoryError"
-    assert "Not a directory" in snap["last_error"]["message"]
-    assert snap["last_error"]["device"] == ""
+    assert snap.checkpoint.failures == 1
+    assert snap.last_error.where == "checkpoint"
+    assert snap.last_error.type == "NotADirectoryError"
+    assert "Not a directory" in snap.last_error.message
+    assert snap.last_error.device == ""
 
 
 def test_a_kernel_build_that_raises_is_counted_and_returns_to_its_phase(tmp_path: Path) -> None:
@@ -93,12 +94,12 @@ def test_a_kernel_build_that_raises_is_counted_and_returns_to_its_phase(tmp_path
             raise AssertionError("No usable kernel found for CPUAdamLoader on the "
                                  "current machine.")
         snap = on_disk(tmp_path)
-        assert monitor.snapshot()["phase"] == "init"
+        assert monitor.snapshot().phase == "init"
     finally:
         monitor.close()
-    assert snap["kernel_failures"] == 1
-    assert snap["last_error"]["where"] == "kernels"
-    assert snap["last_error"]["type"] == "AssertionError"
+    assert snap.kernel_failures == 1
+    assert snap.last_error.where == "kernels"
+    assert snap.last_error.type == "AssertionError"
     assert sample(snap, "colossalai_kernel_build_failures_total") == 1
 
 
@@ -106,8 +107,8 @@ def test_kernels_have_their_own_budget(tmp_path: Path) -> None:
     monitor = quiet(tmp_path, budgets=Budgets(startup=900, kernels=45))
     try:
         with monitor.kernels():
-            assert monitor.snapshot()["timeout"] == 45
-        assert monitor.snapshot()["timeout"] == 900
+            assert monitor.snapshot().timeout == 45
+        assert monitor.snapshot().timeout == 900
     finally:
         monitor.close()
 
@@ -150,10 +151,10 @@ def test_an_uncaught_exception_fails_the_run_before_the_process_exits(tmp_path: 
     assert done.returncode == 1
     assert "MemoryError: host allocation failed" in done.stderr  # the traceback as before
     snap = on_disk(tmp_path)
-    assert snap["phase"] == "failed"
-    assert snap["oom"]["cpu"] == 1
-    assert snap["last_error"]["where"] == "run"
-    assert snap["error"] == "MemoryError: host allocation failed"
+    assert snap.phase == "failed"
+    assert snap.oom["cpu"] == 1
+    assert snap.last_error.where == "run"
+    assert snap.error == "MemoryError: host allocation failed"
 
 
 def test_colossalai_kernel_loads_are_watched_without_user_code(tmp_path: Path) -> None:
@@ -170,7 +171,7 @@ def test_colossalai_kernel_loads_are_watched_without_user_code(tmp_path: Path) -
         try:
             CPUAdamLoader().load()
         except AssertionError:
-            print("phase after:", monitor.snapshot()["phase"])
+            print("phase after:", monitor.snapshot().phase)
         monitor.close()
     """)
     env = {**os.environ, "PYTHONPATH": str(REPO / "exporter")}
@@ -179,9 +180,9 @@ def test_colossalai_kernel_loads_are_watched_without_user_code(tmp_path: Path) -
     assert done.returncode == 0, done.stderr
     assert "phase after: init" in done.stdout
     snap = on_disk(tmp_path)
-    assert snap["kernel_failures"] == 1
-    assert snap["last_error"]["type"] == "AssertionError"
-    assert "No usable kernel found for CPUAdamLoader" in snap["last_error"]["message"]
+    assert snap.kernel_failures == 1
+    assert snap.last_error.type == "AssertionError"
+    assert "No usable kernel found for CPUAdamLoader" in snap.last_error.message
 
 
 def test_a_monitor_without_colossalai_leaves_kernel_loading_alone(tmp_path: Path) -> None:
@@ -206,7 +207,7 @@ def test_a_checkpoint_into_a_full_filesystem_says_it_is_full(tmp_path: Path) -> 
         snap = read_snapshot(snapshot_path(tmp_path / "run", 0))
     finally:
         monitor.close()
-    message = snap["last_error"]["message"]
+    message = snap.last_error.message
     assert message.startswith(f"filesystem full (0 B free of 1.0 MiB at {target}): "), message
     assert "enforce fail" in message or "write failed" in message, message
 
@@ -219,7 +220,7 @@ def test_a_checkpoint_with_room_left_says_nothing_of_space(tmp_path: Path) -> No
         snap = on_disk(tmp_path)
     finally:
         monitor.close()
-    assert snap["last_error"]["message"].startswith("[Errno 13] Permission denied")
+    assert snap.last_error.message.startswith("[Errno 13] Permission denied")
 
 
 def test_entering_a_checkpoint_is_on_disk_before_the_save_starts(tmp_path: Path) -> None:
@@ -229,9 +230,9 @@ def test_entering_a_checkpoint_is_on_disk_before_the_save_starts(tmp_path: Path)
     try:
         monitor.step_done(0.01)
         with monitor.checkpoint(step=1):
-            inside = on_disk(tmp_path)["phase"]
+            inside = on_disk(tmp_path).phase
         with monitor.kernels():
-            building = on_disk(tmp_path)["phase"]
+            building = on_disk(tmp_path).phase
     finally:
         monitor.close()
     assert (inside, building) == ("checkpointing", "kernels")

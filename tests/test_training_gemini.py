@@ -78,12 +78,12 @@ def test_gemini_traffic_survives_the_per_iteration_reset(tmp_path: Path) -> None
         assert values(snap, "colossalai_gemini_d2h_bytes_total") == {"": 120}
         assert values(snap, "colossalai_gemini_chunk_memory_bytes") == {"cpu": 0,
                                                                         "cuda": 3072}
-        assert snap["info"]["placement_policy"] == "auto"
-        assert snap["info"]["plugin"] == "GeminiLikePlugin"
-        assert snap["info"]["tp_size"] == "2"
+        assert snap.info["placement_policy"] == "auto"
+        assert snap.info["plugin"] == "GeminiLikePlugin"
+        assert snap.info["tp_size"] == "2"
         monitor.watch(type("Booster", (), {})(), model)  # hooking twice counts once
         model.backward(h2d=1, d2h=1)
-        assert monitor.snapshot()["gemini"]["h2d"] == 301
+        assert monitor.snapshot().gemini.h2d == 301  # type: ignore[union-attr]
     finally:
         monitor.close()
 

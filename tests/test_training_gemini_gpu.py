@@ -52,13 +52,13 @@ SCRIPT = textwrap.dedent("""
             step.loss = loss.detach()
     last = float(loss.item())
     deadline = time.time() + 10
-    while monitor.snapshot()["loss"] != last and time.time() < deadline:
+    while monitor.snapshot().loss != last and time.time() < deadline:
         time.sleep(0.05)
     snap = monitor.snapshot()
-    print("RESULT " + json.dumps({"loss": snap["loss"], "last": last,
-                                  "plugin": snap["info"].get("plugin"),
-                                  "kernel_failures": snap["kernel_failures"],
-                                  "errors": snap["monitor_errors"]}), flush=True)
+    print("RESULT " + json.dumps({"loss": snap.loss, "last": last,
+                                  "plugin": snap.info.get("plugin"),
+                                  "kernel_failures": snap.kernel_failures,
+                                  "errors": snap.monitor_errors}), flush=True)
     monitor.finish()
     monitor.close()
 """)
@@ -85,7 +85,7 @@ def test_gemini_loss_and_kernel_build_without_extra_code(tmp_path: Path) -> None
         while proc.poll() is None:
             assert time.monotonic() < deadline, log.read_text()[-3000:]
             try:
-                phase = read_snapshot(snapshot_path(run_dir, 0))["phase"]
+                phase = read_snapshot(snapshot_path(run_dir, 0)).phase
             except (OSError, ValueError):
                 phase = ""
             if phase and (not phases or phases[-1] != phase):

@@ -81,10 +81,10 @@ def test_step_and_checkpoint_pings_reach_the_service(
             pass
         wait_until(lambda: any(p.endswith("-ckpt") for p in receiver.paths),
                    what="checkpoint ping")
-        hb = monitor.snapshot()["heartbeats"]
-        assert hb["step"]["success"] == 2
-        assert hb["checkpoint"]["success"] == 1
-        assert hb["step"]["last_success"] is not None
+        hb = monitor.snapshot().heartbeats
+        assert hb["step"].success == 2
+        assert hb["checkpoint"].success == 1
+        assert hb["step"].last_success is not None
         assert receiver.paths.count(f"/api/heartbeat/{TOKEN}-step") == 2
     finally:
         monitor.close()
@@ -103,7 +103,7 @@ def test_refusing_service_is_counted_and_steps_are_not_slowed(
             for _ in range(3):
                 with monitor.checkpoint():
                     pass
-            wait_until(lambda: monitor.snapshot()["heartbeats"]["step"]["failure"] >= 1,
+            wait_until(lambda: monitor.snapshot().heartbeats["step"].failure >= 1,
                        what="failed ping counted")
             # A refused ping costs the training loop nothing: generous bound, the exact
             # figure is in bench/RESULTS.md.
@@ -124,7 +124,7 @@ def test_hanging_service_never_blocks_a_step_and_overflow_is_dropped(tmp_path: P
                               heartbeat_timeout=2.0)
     try:
         run_steps(monitor, 1)
-        wait_until(lambda: monitor.snapshot()["heartbeats"]["step"]["last_attempt"],
+        wait_until(lambda: monitor.snapshot().heartbeats["step"].last_attempt,
                    what="a ping in flight")
         started = time.perf_counter()
         slowest = run_steps(monitor, 500)
@@ -134,7 +134,7 @@ def test_hanging_service_never_blocks_a_step_and_overflow_is_dropped(tmp_path: P
         elapsed = time.perf_counter() - started
         assert slowest < 0.05
         assert elapsed < 1.5  # the 2 s read timeout was never waited for
-        assert monitor.snapshot()["heartbeats"]["checkpoint"]["dropped"] >= 1
+        assert monitor.snapshot().heartbeats["checkpoint"].dropped >= 1
     finally:
         monitor.close()
         hang.close()
@@ -147,8 +147,8 @@ def test_unparsable_heartbeat_url_warns_and_training_continues(
         monitor = TrainingMonitor(serve="none", run_dir=tmp_path, step_heartbeat_url=url)
     try:
         run_steps(monitor, 3)
-        assert monitor.snapshot()["steps"] == 3
-        assert monitor.snapshot()["heartbeats"] == {}
+        assert monitor.snapshot().steps == 3
+        assert monitor.snapshot().heartbeats == {}
         assert any("is not an http(s) URL with a host" in r.getMessage()
                    for r in caplog.records)
     finally:
@@ -160,8 +160,8 @@ def test_heartbeat_urls_from_the_environment_rank0_only(
     monkeypatch.setenv("STEP_HEARTBEAT_URL", f"http://127.0.0.1:1/{TOKEN}")
     rank0 = TrainingMonitor(rank=0, serve="none", run_dir=tmp_path, start=False)
     rank1 = TrainingMonitor(rank=1, serve="none", run_dir=tmp_path, start=False)
-    assert set(rank0.snapshot()["heartbeats"]) == {"step"}
-    assert rank1.snapshot()["heartbeats"] == {}
+    assert set(rank0.snapshot().heartbeats) == {"step"}
+    assert rank1.snapshot().heartbeats == {}
 
 
 def test_redact_keeps_scheme_and_host_only() -> None:

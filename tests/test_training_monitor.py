@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from colossalai_exporter import TrainingMonitor
@@ -15,7 +16,8 @@ from colossalai_exporter.training import Budgets, classify_oom
 from colossalai_exporter.training.device_loss import DeviceLossReader
 from colossalai_exporter.training.families import families
 from colossalai_exporter.training.monitor import detect_ranks
-from colossalai_exporter.training.state import judge
+from colossalai_exporter.training.snapshot import Snapshot
+from colossalai_exporter.training.state import RankState, judge
 from conftest import require, wait_until
 
 
@@ -57,20 +59,20 @@ def test_ranks_come_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_with_block_and_plain_call_count_steps(tmp_path: Path) -> None:
     monitor = quiet(tmp_path)
     try:
-        assert monitor.snapshot()["phase"] == "init"
+        assert monitor.snapshot().phase == "init"
         for i in range(3):
             with monitor.step(samples=8, tokens=512) as step:
                 step.loss = 1.0 / (i + 1)
         monitor.step_done(0.02, samples=8, loss=0.25)
         monitor.step_done(samples=8)  # duration: since the previous step_done()
-        wait_until(lambda: monitor.snapshot()["loss"] == 0.25, what="loss published")
+        wait_until(lambda: monitor.snapshot().loss == 0.25, what="loss published")
         snap = monitor.snapshot()
-        assert snap["phase"] == "training"
-        assert snap["kernels_ready"] is True  # the first step means kernels loaded
-        assert snap["steps"] == 5
-        assert snap["samples"] == 40
-        assert snap["tokens"] == 1536
-        assert sum(snap["step_hist"]) == 5
+        assert snap.phase == "training"
+        assert snap.kernels_ready is True  # the first step means kernels loaded
+        assert snap.steps == 5
+        assert snap.samples == 40
+        assert snap.tokens == 1536
+        assert sum(snap.step_hist) == 5
         assert sample(snap, "colossalai_training_steps_total", rank="0") == 5
         assert sample(snap, "colossalai_training_step_duration_seconds_count") == 5
         assert sample(snap, "colossalai_training_step_duration_seconds_bucket",
@@ -96,7 +98,7 @@ def test_learned_budget_follows_the_longest_recent_step(tmp_path: Path) -> None:
     try:
         for duration in (0.1, 0.4, 0.2):
             monitor.step_done(duration)
-        assert monitor.snapshot()["timeout"] == pytest.approx(2.0)
+        assert monitor.snapshot().timeout == pytest.approx(2.0)
         assert sample(monitor.snapshot(), "colossalai_training_step_timeout_seconds") == \
             pytest.approx(2.0)
     finally:
@@ -104,51 +106,57 @@ def test_learned_budget_follows_the_longest_recent_step(tmp_path: Path) -> None:
 
 
 def test_stall_is_judged_per_phase_against_its_budget() -> None:
-    base = {"phase": "training", "progress": 100.0, "timeout": 10.0, "kernels_ready": True}
+    base = RankState(0, 0, 1, 1, None, now=90.0).snapshot(Budgets(), now=90.0)
+    base = msgspec.structs.replace(base, phase="training", progress=100.0, timeout=10.0,
+                                   kernels_ready=True)
+
+    def like(**changes: Any) -> Snapshot:
+        return msgspec.structs.replace(base, **changes)
+
     assert judge(base, 105.0) == (False, "")
     stalled, reason = judge(base, 111.0)
     assert stalled
     assert reason == "stalled in phase training: no step completed for 11.0s (budget 10.0s)"
-    stalled, reason = judge({**base, "phase": "kernels"}, 111.0)
+    stalled, reason = judge(like(phase="kernels"), 111.0)
     assert stalled
     assert "phase kernels" in reason
-    assert judge({**base, "phase": "init"}, 105.0) == (False, "phase is init")
-    assert judge({**base, "kernels_ready": False}, 105.0) == (False, "kernels not ready")
-    assert judge({**base, "phase": "finished"}, 1e9) == (False, "run finished")
+    assert judge(like(phase="init"), 105.0) == (False, "phase is init")
+    assert judge(like(kernels_ready=False), 105.0) == (False, "kernels not ready")
+    assert judge(like(phase="finished"), 1e9) == (False, "run finished")
 
 
 def test_phases_checkpoint_and_evaluation(tmp_path: Path) -> None:
     monitor = quiet(tmp_path)
     try:
         with monitor.kernels():
-            assert monitor.snapshot()["phase"] == "kernels"
-            assert monitor.snapshot()["kernels_ready"] is False
-        assert monitor.snapshot()["kernels_ready"] is True
+            assert monitor.snapshot().phase == "kernels"
+            assert monitor.snapshot().kernels_ready is False
+        assert monitor.snapshot().kernels_ready is True
         monitor.step_done(0.01)
         with monitor.checkpoint(step=1):
-            assert monitor.snapshot()["phase"] == "checkpointing"
-            assert monitor.snapshot()["checkpoint"]["in_flight"] is True
+            assert monitor.snapshot().phase == "checkpointing"
+            assert monitor.snapshot().checkpoint.in_flight is True
             with monitor.checkpoint(step=99):  # nested (a watched save): counted once
                 pass
         snap = monitor.snapshot()
-        assert snap["phase"] == "training"
-        assert snap["checkpoint"]["last_step"] == 1
-        assert snap["checkpoint"]["last_success"] is not None
-        assert snap["checkpoint"]["in_flight"] is False
+        assert snap.phase == "training"
+        assert snap.checkpoint.last_step == 1
+        assert snap.checkpoint.last_success is not None
+        assert snap.checkpoint.in_flight is False
         with pytest.raises(OSError, match="disk full"), monitor.checkpoint(step=2):
             raise OSError(28, "disk full")
         snap = monitor.snapshot()
-        assert snap["checkpoint"]["failures"] == 1
-        assert snap["checkpoint"]["last_step"] == 1
+        assert snap.checkpoint.failures == 1
+        assert snap.checkpoint.last_step == 1
         with monitor.evaluation():
-            assert monitor.snapshot()["phase"] == "evaluating"
-        assert monitor.snapshot()["phase"] == "training"
+            assert monitor.snapshot().phase == "evaluating"
+        assert monitor.snapshot().phase == "training"
         monitor.finish()
         on_disk = json.loads((tmp_path / "rank-0.json").read_text())
         assert on_disk["phase"] == "finished"
         assert sample(monitor.snapshot(), "colossalai_training_phase", phase="finished") == 1
         monitor.phase("training")  # the outcome is final
-        assert monitor.snapshot()["phase"] == "finished"
+        assert monitor.snapshot().phase == "finished"
     finally:
         monitor.close()
 
@@ -162,11 +170,11 @@ def test_fail_records_the_reason_and_counts_an_oom_once(tmp_path: Path) -> None:
         assert raised.value is error  # re-raised unchanged
         monitor.fail(error)  # the same exception again: not counted twice
         snap = monitor.snapshot()
-        assert snap["oom"] == {"cuda": 1, "cpu": 0, "nvme": 0}
-        assert snap["phase"] == "failed"
-        assert snap["steps"] == 0  # a step that raised did not complete
-        assert "Adjust layout failed" in snap["error"]
-        assert snap["reason"].startswith("run failed: RuntimeError")
+        assert snap.oom == {"cuda": 1, "cpu": 0, "nvme": 0}
+        assert snap.phase == "failed"
+        assert snap.steps == 0  # a step that raised did not complete
+        assert "Adjust layout failed" in snap.error
+        assert snap.reason.startswith("run failed: RuntimeError")
     finally:
         monitor.close()
 
@@ -179,7 +187,7 @@ def test_real_host_oom_is_counted_as_cpu_and_reraised_unchanged(tmp_path: Path) 
             torch.empty(2**45, dtype=torch.uint8)  # 32 TiB: the allocator refuses
         assert "DefaultCPUAllocator: can't allocate memory" in str(raised.value)
         assert classify_oom(raised.value) == "cpu"
-        assert monitor.snapshot()["oom"]["cpu"] == 1
+        assert monitor.snapshot().oom["cpu"] == 1
         assert sample(monitor.snapshot(), "colossalai_gemini_oom_total", device="cpu") == 1
     finally:
         monitor.close()
@@ -191,7 +199,7 @@ def test_loss_tensor_on_cpu_is_converted_off_the_hot_path(tmp_path: Path) -> Non
     try:
         with monitor.step() as step:
             step.loss = torch.tensor(2.5, requires_grad=True) * 1
-        wait_until(lambda: monitor.snapshot()["loss"] == 2.5, what="tensor loss converted")
+        wait_until(lambda: monitor.snapshot().loss == 2.5, what="tensor loss converted")
     finally:
         monitor.close()
 
@@ -318,7 +326,7 @@ def test_a_device_loss_is_read_with_item_only_when_asked(tmp_path: Path) -> None
     try:
         eager_loss = DeviceTensor(3.5)
         eager.step_done(0.01, loss=eager_loss)
-        wait_until(lambda: eager.snapshot()["loss"] == 3.5, what="device loss read")
+        wait_until(lambda: eager.snapshot().loss == 3.5, what="device loss read")
         assert eager_loss.reads >= 1
     finally:
         eager.close()
@@ -338,7 +346,7 @@ def test_a_loss_on_another_accelerator_says_how_to_read_it(
     finally:
         monitor.close()
     assert "loss_from_device=True" in caplog.text
-    assert monitor.snapshot()["loss"] is None
+    assert monitor.snapshot().loss is None
 
 
 def test_non_numeric_loss_warns_once_and_training_continues(
@@ -353,9 +361,9 @@ def test_non_numeric_loss_warns_once_and_training_continues(
             monitor.step_done(0.01, loss=float("nan"))
             monitor.close()
         snap = monitor.snapshot()
-        assert snap["steps"] == 4
-        assert snap["monitor_errors"]["loss"] >= 1
-        assert math.isnan(snap["loss"])  # a diverged loss is a value, not an error
+        assert snap.steps == 4
+        assert snap.monitor_errors["loss"] >= 1
+        assert math.isnan(snap.loss)  # a diverged loss is a value, not an error
         warnings = [r for r in caplog.records if "loss not recorded" in r.getMessage()]
         assert len(warnings) == 1
         assert "got str" in warnings[0].getMessage()
@@ -372,10 +380,10 @@ def test_a_failing_integration_hook_never_reaches_training(tmp_path: Path) -> No
     try:
         monitor.add_poller(broken)
         monitor.step_done(0.01)
-        wait_until(lambda: monitor.snapshot()["monitor_errors"].get("hook", 0) >= 1,
+        wait_until(lambda: monitor.snapshot().monitor_errors.get("hook", 0) >= 1,
                    what="hook error counted")
         monitor.step_done(0.01)
-        assert monitor.snapshot()["steps"] == 2
+        assert monitor.snapshot().steps == 2
     finally:
         monitor.close()
 
@@ -389,7 +397,7 @@ def test_unwritable_run_dir_warns_and_training_continues(
     try:
         assert monitor.run_dir is None
         monitor.step_done(0.01)
-        assert monitor.snapshot()["steps"] == 1
+        assert monitor.snapshot().steps == 1
         assert any("not writable" in r.getMessage() and "training continues" in r.getMessage()
                    for r in caplog.records)
     finally:

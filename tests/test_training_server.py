@@ -113,8 +113,8 @@ def test_port_in_use_is_a_warning_and_training_continues(
             assert any("cannot serve /metrics and /health" in m and str(port) in m
                        and "training continues" in m for m in messages), messages
             monitor.step_done(0.01)
-            assert monitor.snapshot()["steps"] == 1
-            assert monitor.snapshot()["monitor_errors"]["server"] == 1
+            assert monitor.snapshot().steps == 1
+            assert monitor.snapshot().monitor_errors["server"] == 1
         finally:
             monitor.close()
 

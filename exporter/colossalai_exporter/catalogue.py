@@ -165,8 +165,10 @@ RANKS: tuple[Metric, ...] = (
        "1 while the rank's process exists but is stopped (SIGSTOP, a debugger), 0 otherwise.",
        ("rank",), component="ranks"),
     _m("colossalai_rank_snapshot_errors_total", "counter",
-       "Snapshot files in the run directory that could not be read or parsed.",
-       component="ranks"),
+       "Reads of snapshot files in the run directory that could not be used, by reason: "
+       "malformed (not JSON, truncated), invalid (a key missing or of the wrong type), "
+       "version (written by a newer monitor than this agent reads), unreadable (an I/O "
+       "error). Each costs only that rank's series.", ("reason",), component="ranks"),
 )
 
 # ---------------------------------------------------------------------------

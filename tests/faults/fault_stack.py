@@ -28,6 +28,7 @@ from urllib.parse import quote
 import requests
 import yaml
 
+from colossalai_exporter.training.snapshot import Snapshot, read_snapshot, snapshot_path
 from conftest import REPO, ServerProcess, cli_env, free_port, wait_until
 from fake_vigilmon import FakeVigilmon, Recorded
 from prometheus_helpers import Prometheus, launch_prometheus, render_rules, running_alertmanager
@@ -98,11 +99,10 @@ class Job:
     log: Path
 
     def pid(self, rank: int) -> int:
-        snapshot = json.loads((self.run_dir / f"rank-{rank}.json").read_text())
-        return int(snapshot["pid"])
+        return self.snapshot(rank).pid
 
-    def snapshot(self, rank: int) -> dict[str, Any]:
-        return dict(json.loads((self.run_dir / f"rank-{rank}.json").read_text()))
+    def snapshot(self, rank: int) -> Snapshot:
+        return read_snapshot(snapshot_path(self.run_dir, rank))
 
     def stop(self) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -220,8 +220,19 @@ def running_stack(tmp: Path, receiver: FakeVigilmon, fault: str, rank: int,
 
 
 def wait_healthy(stack: Stack) -> None:
-    wait_until(stack.healthy, timeout=180, interval=0.5,
-               what=f"the job training, seen by Prometheus (log: {stack.job.log})")
+    def training() -> bool:
+        if stack.job.proc.poll() is not None:
+            raise AssertionError(f"the job exited ({stack.job.proc.returncode}) before it "
+                                 f"trained: {stack.job.log.read_text()[-3000:]}")
+        return stack.healthy()
+
+    try:
+        wait_until(training, timeout=180, interval=0.5, what="the job training")
+    except AssertionError as exc:
+        targets = stack.prometheus.api("/api/v1/targets")["activeTargets"]
+        health = [(t["labels"]["job"], t["health"], t["lastError"]) for t in targets]
+        raise AssertionError(f"{exc}; Prometheus targets: {health}; job log: "
+                             f"{stack.job.log.read_text()[-2000:]}") from None
 
 
 def wait_for_snapshot(stack: Stack, rank: int) -> None:

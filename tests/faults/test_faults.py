@@ -160,10 +160,12 @@ def started_failing(stack: Stack, case: Case) -> float:
     rank = max(case.rank, 0)
     snap = stack.job.snapshot(rank)
     if case.fault == "kernel_build_slow":
-        return float(snap["phase_start"])  # entering phase kernels
-    wait_until(lambda: stack.job.snapshot(rank).get("last_error"), timeout=60,
+        return snap.phase_start  # entering phase kernels
+    wait_until(lambda: stack.job.snapshot(rank).last_error, timeout=60,
                what=f"rank {rank}'s error recorded (log: {stack.job.log})")
-    return float(stack.job.snapshot(rank)["last_error"]["time"])
+    error = stack.job.snapshot(rank).last_error
+    assert error is not None
+    return error.time
 
 
 @pytest.fixture(scope="module", autouse=True)

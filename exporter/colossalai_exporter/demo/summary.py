@@ -11,30 +11,29 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from colossalai_exporter.training.snapshot import read_all_snapshots
+from colossalai_exporter.training.snapshot import Snapshot, read_all_snapshots
 from colossalai_exporter.training.state import judge
 
 HTTP_TIMEOUT = 2.0
 
 
-def rank_line(snap: dict[str, Any], now: float, rate: float | None) -> str:
+def rank_line(snap: Snapshot, now: float, rate: float | None) -> str:
     """``rank 0  training  step 120  9.7 steps/s  loss 0.0213  last step 0.1s ago (budget 10s)``."""
     stalled, reason = judge(snap, now)
-    loss = snap.get("loss")
-    parts = [f"rank {snap['rank']}", f"{snap['phase']:<13}", f"step {snap['steps']:>5}",
+    loss = snap.loss
+    parts = [f"rank {snap.rank}", f"{snap.phase:<13}", f"step {snap.steps:>5}",
              f"{rate:5.1f} steps/s" if rate is not None else "    - steps/s",
-             f"loss {loss:.4f}" if isinstance(loss, (int, float)) else "loss -"]
-    if snap.get("last_step"):
-        parts.append(f"last step {max(0.0, now - float(snap['last_step'])):.1f}s ago "
-                     f"(budget {float(snap['timeout']):.0f}s)")
+             f"loss {loss:.4f}" if loss is not None else "loss -"]
+    if snap.last_step:
+        parts.append(f"last step {max(0.0, now - snap.last_step):.1f}s ago "
+                     f"(budget {snap.timeout:.0f}s)")
     if stalled:
         parts.append("STALLED")
-    elif snap["phase"] == "failed":
+    elif snap.phase == "failed":
         parts.append(reason)
     return "  ".join(parts)
 
@@ -92,7 +91,7 @@ class Summary:
     _evidence: set[Path] = field(default_factory=set)
     _agent: str | None = None
 
-    def snapshots(self) -> list[dict[str, Any]]:
+    def snapshots(self) -> list[Snapshot]:
         return read_all_snapshots(self.run_dir)
 
     def look(self, now: float | None = None) -> list[str]:
@@ -100,7 +99,7 @@ class Summary:
         now = time.time() if now is None else now
         lines = []
         for snap in self.snapshots():
-            rank, steps = int(snap["rank"]), int(snap["steps"])
+            rank, steps = snap.rank, snap.steps
             previous = self._last.get(rank)
             rate = None
             if previous and now > previous[0]:
@@ -134,14 +133,14 @@ class Summary:
         return lines
 
 
-def describe(snaps: list[dict[str, Any]]) -> list[str]:
+def describe(snaps: list[Snapshot]) -> list[str]:
     """Final words per rank, for when the run is over."""
     lines = []
     for snap in snaps:
-        checkpoint = snap["checkpoint"]["last_step"]
-        line = (f"rank {snap['rank']} {snap['phase']} after {snap['steps']} steps, last "
+        checkpoint = snap.checkpoint.last_step
+        line = (f"rank {snap.rank} {snap.phase} after {snap.steps} steps, last "
                 f"checkpoint at step {checkpoint if checkpoint is not None else '-'}")
-        if snap.get("error"):
-            line += f" ({snap['error']})"
+        if snap.error:
+            line += f" ({snap.error})"
         lines.append(line)
     return lines

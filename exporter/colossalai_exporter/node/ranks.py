@@ -36,6 +36,7 @@ left out for it, since the agent cannot know.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -43,7 +44,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import psutil
 from prometheus_client.core import Metric as MetricFamily
@@ -53,6 +54,9 @@ from colossalai_exporter.node.base import CollectorError, LoopWaker, Pending
 from colossalai_exporter.node.blocking import BlockingCalls
 from colossalai_exporter.training.families import families
 from colossalai_exporter.training.snapshot import (
+    ERROR_REASONS,
+    Snapshot,
+    SnapshotError,
     default_run_dir,
     iter_snapshot_files,
     pid_namespace,
@@ -61,6 +65,8 @@ from colossalai_exporter.training.snapshot import (
 
 if TYPE_CHECKING:
     import asyncio
+
+log = logging.getLogger("colossalai_exporter.node")
 
 PID_START_TOLERANCE_SECONDS = 1.0
 
@@ -87,7 +93,7 @@ class RunDirLook:
     """One read of the run directory: every readable snapshot, by rank."""
 
     exists: bool = True
-    snapshots: list[tuple[int, dict[str, Any]]] = field(default_factory=list)
+    snapshots: list[tuple[int, Snapshot]] = field(default_factory=list)
     permission_error: str = ""
 
 
@@ -124,7 +130,8 @@ class RanksCollector:
         self.forget_after = forget_after
         self.timeout = timeout
         self._clock = clock
-        self._errors = 0  # snapshot files that could not be read, since start
+        # reads of snapshot files that could not be used since start, by reason
+        self._errors = dict.fromkeys(ERROR_REASONS, 0)
         self._pid_ns = pid_namespace()
         # A read stuck in the kernel holds one thread, and no second read starts.
         self._calls = calls or BlockingCalls("ranks", max_threads=2)
@@ -152,13 +159,24 @@ class RanksCollector:
             return RunDirLook(permission_error=f"cannot list {self.run_dir}: {exc}")
         look = RunDirLook()
         for rank, path in files:
+            # One bad file costs its rank only: a training image newer than this agent
+            # (a rolling upgrade), a truncated or hand-edited file.
             try:
                 look.snapshots.append((rank, read_snapshot(path)))
-            except (OSError, ValueError) as exc:
-                if not isinstance(exc, FileNotFoundError):  # replaced or removed meanwhile
-                    with self._lock:
-                        self._errors += 1
+            except FileNotFoundError:
+                continue  # removed between the listing and the read
+            except SnapshotError as exc:
+                self._count_error(exc.reason, exc)
+            except OSError as exc:
+                self._count_error("unreadable", exc)
         return look
+
+    def _count_error(self, reason: str, exc: Exception) -> None:
+        with self._lock:
+            first = self._errors[reason] == 0
+            self._errors[reason] += 1
+        if first:  # once per reason: a bad file is read again every scrape
+            log.warning("rank snapshot not used (%s): %s", reason, exc)
 
     def _look(self, deadline: float, pending: Pending | None) -> RunDirLook:
         read = pending if isinstance(pending, _Read) else self.begin(deadline)
@@ -189,11 +207,10 @@ class RanksCollector:
         stopped = catalogue.family("colossalai_rank_process_stopped")
         training: dict[str, MetricFamily] = {}
         for rank, snap in look.snapshots:
-            snap_age = max(0.0, now - float(snap["written"]))
-            pids_mean_something = not self._other_namespace(snap.get("pid_ns"))
+            snap_age = max(0.0, now - snap.written)
+            pids_mean_something = not self._other_namespace(snap.pid_ns)
             if pids_mean_something:
-                alive, is_stopped = process_state(int(snap.get("pid", -1)),
-                                                  snap.get("pid_start"))
+                alive, is_stopped = process_state(snap.pid, snap.pid_start)
             else:
                 alive, is_stopped = snap_age <= self.stale_after, False
             if not alive and snap_age > self.forget_after:
@@ -207,13 +224,16 @@ class RanksCollector:
             self._merge(training, families(snap, now=now))
         return [up, age, stopped, self._errors_family(), *training.values()]
 
-    def _other_namespace(self, rank_ns: Any) -> bool:
+    def _other_namespace(self, rank_ns: int | None) -> bool:
         # Unknown on either side (an older snapshot, no /proc): trust the pid, as before.
-        return isinstance(rank_ns, int) and self._pid_ns is not None and rank_ns != self._pid_ns
+        return rank_ns is not None and self._pid_ns is not None and rank_ns != self._pid_ns
 
     def _errors_family(self) -> MetricFamily:
         errors = catalogue.family("colossalai_rank_snapshot_errors_total")
-        errors.add_metric([], float(self._errors))
+        with self._lock:
+            counts = dict(self._errors)
+        for reason in ERROR_REASONS:
+            errors.add_metric([reason], float(counts[reason]))
         served: MetricFamily = errors
         return served
 

@@ -19,9 +19,10 @@ from __future__ import annotations
 import os
 import re
 import threading
-from typing import Any, Final
+from typing import Final
 
 from colossalai_exporter.training.oom import Device
+from colossalai_exporter.training.snapshot import LastError
 
 MESSAGE_LIMIT: Final = 240
 #: where an exception was seen: a step, a checkpoint, a kernel load or build, booster.boost,
@@ -45,13 +46,13 @@ def first_line(exc: BaseException) -> str:
 
 
 def error_record(exc: BaseException, where: str, device: Device | None,
-                 now: float, note: str = "") -> dict[str, Any]:
-    """The snapshot's ``last_error``: a JSON-ready dict; ``note`` leads the message."""
+                 now: float, note: str = "") -> LastError:
+    """The snapshot's ``last_error``; ``note`` leads the message."""
     message = first_line(exc)
     if note:
         message = f"{note}: {message}"[:MESSAGE_LIMIT]
-    return {"time": now, "where": where, "type": type(exc).__name__,
-            "device": device or "", "message": message}
+    return LastError(time=now, where=where, type=type(exc).__name__, device=device or "",
+                     message=message)
 
 
 # Below this much free space a failed save is put down to a full filesystem: less than

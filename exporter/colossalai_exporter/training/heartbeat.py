@@ -26,6 +26,7 @@ from urllib.parse import urlsplit
 
 import requests
 
+from colossalai_exporter.training.snapshot import HeartbeatState
 from colossalai_exporter.training.state import RankState
 
 log = logging.getLogger("colossalai_exporter.training")
@@ -97,8 +98,7 @@ class HeartbeatSender:
         self._session = requests.Session()
         for name, url in self._urls.items():
             if url:
-                state.heartbeats[name] = {"last_success": None, "last_attempt": None,
-                                          "success": 0, "failure": 0, "dropped": 0}
+                state.heartbeats[name] = HeartbeatState()
 
     @property
     def enabled(self) -> bool:
@@ -129,7 +129,7 @@ class HeartbeatSender:
 
     def _count(self, name: str, result: str) -> None:
         stats = self._state.heartbeats[name]
-        stats[result] = (stats[result] or 0) + 1
+        setattr(stats, result, getattr(stats, result) + 1)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -151,7 +151,7 @@ class HeartbeatSender:
         if not url or self._stop.is_set():
             return
         stats = self._state.heartbeats[name]
-        stats["last_attempt"] = time.time()
+        stats.last_attempt = time.time()
         try:
             response = self._session.get(url, timeout=self._timeout)
             response.close()
@@ -167,7 +167,7 @@ class HeartbeatSender:
             return
         if 200 <= response.status_code < 300:
             self._count(name, "success")
-            stats["last_success"] = time.time()
+            stats.last_success = time.time()
         else:
             self._count(name, "failure")
             log.warning("%s heartbeat to %s answered HTTP %d", name, redact(url),

@@ -38,6 +38,7 @@ from colossalai_exporter.training.device_loss import DeviceLossReader
 from colossalai_exporter.training.errors import error_record, space_note
 from colossalai_exporter.training.heartbeat import HeartbeatSender
 from colossalai_exporter.training.oom import Device, classify_oom
+from colossalai_exporter.training.snapshot import Snapshot
 from colossalai_exporter.training.stacks import write_stacks
 from colossalai_exporter.training.state import (
     PHASES,
@@ -673,12 +674,12 @@ class TrainingMonitor:
             except Exception as exc:
                 self._error("hook", exc)
 
-    def snapshot(self) -> dict[str, Any]:
-        """The rank's current state as the JSON-ready dict snapshots and /metrics use."""
+    def snapshot(self) -> Snapshot:
+        """The rank's current state, as snapshot files and /metrics carry it."""
         snap = self._state.snapshot(self.budgets)
         # The publisher counts a stall when it first sees it; a scrape may see it first.
-        if snap["stalled"] and not self._was_stalled:
-            snap["stalls"] += 1
+        if snap.stalled and not self._was_stalled:
+            snap.stalls += 1
         return snap
 
     def _publish_once(self) -> None:
@@ -700,18 +701,18 @@ class TrainingMonitor:
         try:
             self._refresh()
             snap = self._state.snapshot(self.budgets)
-            if snap["stalled"] and not self._was_stalled:
+            if snap.stalled and not self._was_stalled:
                 self._on_stall(snap)
-                snap["stalls"] = self._state.stalls
-            self._was_stalled = bool(snap["stalled"])
+                snap.stalls = self._state.stalls
+            self._was_stalled = snap.stalled
             if self.run_dir is not None:
                 snapfiles.write_snapshot(self.run_dir, snap)
         except Exception as exc:
             self._error("publish", exc)
 
-    def _on_stall(self, snap: dict[str, Any]) -> None:
+    def _on_stall(self, snap: Snapshot) -> None:
         self._state.stalls += 1
-        reason = str(snap["reason"])
+        reason = snap.reason
         if self.run_dir is None:
             log.warning("rank %d %s (no run directory: no stack dump)", self.rank, reason)
             return

@@ -20,10 +20,11 @@ from prometheus_client.core import Metric as MetricFamily
 from prometheus_client.registry import Collector
 
 from colossalai_exporter.training.families import families
+from colossalai_exporter.training.snapshot import Snapshot
 from colossalai_exporter.training.state import healthy
 from colossalai_exporter.web import App, Request, Response, json_response, metrics_response
 
-Snapshotter = Callable[[], dict[str, Any]]
+Snapshotter = Callable[[], Snapshot]
 
 
 class SnapshotCollector(Collector):
@@ -43,26 +44,26 @@ def _number(value: Any) -> Any:
     return value
 
 
-def health_body(snap: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+def health_body(snap: Snapshot) -> tuple[int, dict[str, Any]]:
     """(status code, JSON body) of ``/health`` for a snapshot."""
     ok = healthy(snap)
     training = {
-        "status": snap["phase"],
-        "step": snap["steps"],
-        "loss": _number(snap["loss"]),
-        "pipeline_stage": snap["info"].get("pipeline_stage"),
-        "gemini_oom_events": sum(snap["oom"].values()),
-        "last_step_time": snap["last_step"],
-        "last_checkpoint_step": snap["checkpoint"]["last_step"] or 0,
-        "world_size": snap["world_size"],
-        "kernels_compiled": snap["kernels_ready"],
-        "rank": snap["rank"],
-        "phase_since": snap["phase_start"],
-        "step_timeout_seconds": snap["timeout"],
-        "oom_events": snap["oom"],
+        "status": snap.phase,
+        "step": snap.steps,
+        "loss": _number(snap.loss),
+        "pipeline_stage": snap.info.get("pipeline_stage"),
+        "gemini_oom_events": sum(snap.oom.values()),
+        "last_step_time": snap.last_step,
+        "last_checkpoint_step": snap.checkpoint.last_step or 0,
+        "world_size": snap.world_size,
+        "kernels_compiled": snap.kernels_ready,
+        "rank": snap.rank,
+        "phase_since": snap.phase_start,
+        "step_timeout_seconds": snap.timeout,
+        "oom_events": snap.oom,
     }
     body = {"status": "ok" if ok else "degraded", "training": training,
-            "stalled": snap["stalled"], "reason": snap["reason"]}
+            "stalled": snap.stalled, "reason": snap.reason}
     return (200 if ok else 503), body
 
 

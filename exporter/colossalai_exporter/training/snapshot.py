@@ -10,12 +10,149 @@ what live state needs); ``COLOSSALAI_EXPORTER_RUN_DIR`` or the monitor's
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Final, Literal
+
+import msgspec
+
+# The snapshot's format version. A reader takes every version up to its own (fields
+# added since have defaults) and refuses a newer one: a training image newer than
+# the node agent costs that rank its outside view (counted, reason "version"), not
+# a misreading.
+SNAPSHOT_VERSION: Final = 2
+Phase = Literal["init", "kernels", "training", "checkpointing", "evaluating", "finished",
+                "failed"]
+#: why a snapshot file could not be used (colossalai_rank_snapshot_errors_total{reason})
+ERROR_REASONS: Final = ("malformed", "invalid", "version", "unreadable")
+
+
+class CheckpointState(msgspec.Struct, kw_only=True):
+    in_flight: bool = False
+    last_success: float | None = None
+    last_step: int | None = None
+    duration: float | None = None
+    failures: int = 0
+
+
+class GeminiState(msgspec.Struct, kw_only=True):
+    chunk_memory: dict[str, float]
+    h2d: float = 0.0
+    d2h: float = 0.0
+
+
+class HeartbeatState(msgspec.Struct, kw_only=True):
+    last_success: float | None = None
+    last_attempt: float | None = None
+    success: int = 0
+    failure: int = 0
+    dropped: int = 0
+
+
+class LastError(msgspec.Struct, kw_only=True):
+    """The last exception the rank saw (training/errors.py)."""
+
+    time: float
+    where: str
+    type: str
+    device: str = ""
+    message: str = ""
+
+
+class Snapshot(msgspec.Struct, kw_only=True):
+    """One rank's state as the monitor publishes it and the node agent reads it.
+
+    The same object serves rank 0's ``/metrics`` and ``/health`` in process and,
+    written to ``<run dir>/rank-<R>.json``, the agent's view of the rank.
+    ``stalled`` and ``reason`` are the writer's verdict; a reader judges again
+    (``state.judge``), since a frozen rank cannot.
+    """
+
+    version: int = SNAPSHOT_VERSION
+    rank: int
+    local_rank: int
+    world_size: int
+    pid: int
+    pid_start: float | None = None
+    pid_ns: int | None = None
+    created: float
+    written: float
+    phase: Phase
+    phase_start: float
+    error: str = ""
+    kernels_ready: bool = False
+    kernel_failures: int = 0
+    last_error: LastError | None = None
+    steps: int = 0
+    last_step: float | None = None
+    samples: int = 0
+    tokens: int = 0
+    loss: float | None = None
+    step_buckets: list[float]
+    step_hist: list[int]
+    step_sum: float = 0.0
+    timeout: float
+    progress: float
+    stalls: int = 0
+    oom: dict[str, int] = msgspec.field(default_factory=dict)
+    checkpoint: CheckpointState = msgspec.field(default_factory=CheckpointState)
+    gemini: GeminiState | None = None
+    heartbeats: dict[str, HeartbeatState] = msgspec.field(default_factory=dict)
+    monitor_errors: dict[str, int] = msgspec.field(default_factory=dict)
+    info: dict[str, str] = msgspec.field(default_factory=dict)
+    stalled: bool = False
+    reason: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.step_hist) != len(self.step_buckets) + 1:
+            raise ValueError(f"step_hist has {len(self.step_hist)} buckets for "
+                             f"{len(self.step_buckets)} bounds (expected one more, +Inf)")
+
+
+class SnapshotError(ValueError):
+    """A snapshot file that cannot be used; ``reason`` is one of :data:`ERROR_REASONS`."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+class _Versioned(msgspec.Struct):
+    version: int = 1  # files from before the field existed are version 1
+
+
+_ENCODER = msgspec.json.Encoder()
+_VERSION_DECODER = msgspec.json.Decoder(_Versioned)
+_DECODER = msgspec.json.Decoder(Snapshot)
+
+
+def encode(snap: Snapshot) -> bytes:
+    """JSON bytes of a snapshot. A NaN or infinite loss is written as null (JSON has
+    neither); the rank's own server still serves it as NaN."""
+    return _ENCODER.encode(snap)
+
+
+def decode(data: bytes, source: str = "snapshot") -> Snapshot:
+    """A snapshot from JSON bytes, validated; :class:`SnapshotError` says why not."""
+    try:
+        version = _VERSION_DECODER.decode(data).version
+    except msgspec.ValidationError as exc:
+        raise SnapshotError("invalid", f"{source}: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise SnapshotError("malformed", f"{source}: {exc}") from None
+    if version > SNAPSHOT_VERSION:
+        raise SnapshotError("version", f"{source}: format version {version} is newer than "
+                                       f"this agent reads ({SNAPSHOT_VERSION}); upgrade the "
+                                       "node agent")
+    try:
+        return _DECODER.decode(data)
+    except msgspec.ValidationError as exc:  # __post_init__'s ValueError arrives as one
+        raise SnapshotError("invalid", f"{source}: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise SnapshotError("malformed", f"{source}: {exc}") from None
+
 
 DEFAULT_RUN_DIR = "/dev/shm/colossalai-exporter"
 RUN_DIR_ENV = "COLOSSALAI_EXPORTER_RUN_DIR"
@@ -51,13 +188,12 @@ def prepare_run_dir(run_dir: Path) -> None:
     probe.unlink()
 
 
-def write_snapshot(run_dir: Path, snap: dict[str, Any]) -> Path:
+def write_snapshot(run_dir: Path, snap: Snapshot) -> Path:
     """Atomically replace the rank's snapshot file; returns its path."""
-    path = snapshot_path(run_dir, int(snap["rank"]))
+    path = snapshot_path(run_dir, snap.rank)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    data = json.dumps(snap, separators=(",", ":"), allow_nan=False).encode()
     with open(tmp, "wb") as f:
-        f.write(data)
+        f.write(encode(snap))
     os.replace(tmp, path)
     return path
 
@@ -76,21 +212,20 @@ def iter_snapshot_files(run_dir: Path) -> Iterator[tuple[int, Path]]:
     yield from sorted(found)
 
 
-def read_snapshot(path: Path) -> dict[str, Any]:
-    """Parse one snapshot; ValueError/OSError when unreadable or not a snapshot."""
+def read_snapshot(path: Path) -> Snapshot:
+    """Read and validate one snapshot file; OSError when unreadable, SnapshotError when
+    it is not a snapshot this version can use."""
     with open(path, "rb") as f:
-        snap = json.loads(f.read(1 << 20))
-    if not isinstance(snap, dict) or "rank" not in snap or "phase" not in snap:
-        raise ValueError(f"{path}: not a rank snapshot")
-    return snap
+        data = f.read(1 << 20)
+    return decode(data, str(path))
 
 
-def read_all_snapshots(run_dir: Path) -> list[dict[str, Any]]:
-    """Every readable snapshot in ``run_dir``, by rank; one being replaced is skipped."""
+def read_all_snapshots(run_dir: Path) -> list[Snapshot]:
+    """Every usable snapshot in ``run_dir``, by rank; one being replaced is skipped."""
     snaps = []
     for _, path in iter_snapshot_files(run_dir):
         try:
             snaps.append(read_snapshot(path))
-        except (OSError, ValueError):
+        except (OSError, SnapshotError):
             continue  # replaced or removed while reading: the next look gets it
     return snaps

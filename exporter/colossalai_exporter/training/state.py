@@ -3,9 +3,10 @@
 The hot path (a step finished) only assigns attributes of :class:`RankState`
 and bumps list items: no locks, no system calls, no I/O. Everything else —
 the budget, stall judgement, the JSON snapshot, metric families — is derived
-from it off the hot path, by :meth:`RankState.snapshot`, into a plain dict
-that is the same in-process (rank-0 ``/metrics``) and on disk (the node
-agent's ``ranks`` collector), so both serve the same series.
+from it off the hot path, by :meth:`RankState.snapshot`, into a typed
+:class:`~colossalai_exporter.training.snapshot.Snapshot` that is the same
+in-process (rank-0 ``/metrics``) and on disk (the node agent's ``ranks``
+collector), so both serve the same series.
 
 Reads race benignly with the hot path: under the GIL each assignment is
 atomic, and the histogram's count is summed from its buckets at read time so
@@ -16,11 +17,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Final
+
+import msgspec
 
 from colossalai_exporter.training.oom import DEVICES
-
-SNAPSHOT_VERSION: Final = 1
+from colossalai_exporter.training.snapshot import (
+    CheckpointState,
+    GeminiState,
+    HeartbeatState,
+    LastError,
+    Snapshot,
+)
 
 PHASES: Final = ("init", "kernels", "training", "checkpointing", "evaluating", "finished",
                  "failed")
@@ -107,7 +115,7 @@ class RankState:
         self.error = ""  # why the run failed, set by fail()
         # The last exception the monitor saw leave a step, checkpoint, kernel load or the
         # run: {"time", "where", "type", "device", "message"}; what a page names as cause.
-        self.last_error: dict[str, Any] | None = None
+        self.last_error: LastError | None = None
         self.kernel_failures = 0
         self.steps = 0
         self.last_step: float | None = None
@@ -118,7 +126,7 @@ class RankState:
         self.duration_sum = 0.0
         self.recent = [0.0] * RECENT_STEPS
         self.stalls = 0
-        self.oom = dict.fromkeys(DEVICES, 0)
+        self.oom: dict[str, int] = dict.fromkeys(DEVICES, 0)
         self.checkpointing = False
         self.async_writers = 0
         self.checkpoint_last_success: float | None = None
@@ -128,8 +136,7 @@ class RankState:
         self.gemini_chunk_memory: dict[str, float] | None = None
         self.h2d_bytes = 0.0
         self.d2h_bytes = 0.0
-        # heartbeat name -> {"last_success", "last_attempt", "success", "failure", "dropped"}
-        self.heartbeats: dict[str, dict[str, float | None]] = {}
+        self.heartbeats: dict[str, HeartbeatState] = {}
         self.monitor_errors: dict[str, int] = {}
         self.info: dict[str, str] = {}
 
@@ -138,8 +145,8 @@ class RankState:
             return None
         return max(self.recent[: min(self.steps, RECENT_STEPS)])
 
-    def snapshot(self, budgets: Budgets, now: float | None = None) -> dict[str, Any]:
-        """A JSON-ready copy of the state, with the current budget and stall judgement."""
+    def snapshot(self, budgets: Budgets, now: float | None = None) -> Snapshot:
+        """A copy of the state, with the current budget and stall judgement."""
         now = time.time() if now is None else now
         phase, phase_start = self.phase, self.phase_start
         last_step = self.last_step
@@ -148,66 +155,62 @@ class RankState:
         # returning to training does not count against the next step.
         progress = max(phase_start, last_step) if (phase == "training" and last_step) \
             else phase_start
-        hist = list(self.hist)
-        snap: dict[str, Any] = {
-            "version": SNAPSHOT_VERSION,
-            "rank": self.rank, "local_rank": self.local_rank, "world_size": self.world_size,
-            "pid": self.pid, "pid_start": self.pid_start, "pid_ns": self.pid_ns,
-            "created": self.created, "written": now,
-            "phase": phase, "phase_start": phase_start, "error": self.error,
-            "kernels_ready": self.kernels_ready, "kernel_failures": self.kernel_failures,
-            "last_error": None if self.last_error is None else dict(self.last_error),
-            "steps": self.steps, "last_step": last_step,
-            "samples": self.samples, "tokens": self.tokens, "loss": self.loss,
-            "step_buckets": list(STEP_BUCKETS), "step_hist": hist,
-            "step_sum": self.duration_sum,
-            "timeout": timeout, "progress": progress, "stalls": self.stalls,
-            "oom": dict(self.oom),
-            "checkpoint": {
-                "in_flight": self.checkpointing or self.async_writers > 0,
-                "last_success": self.checkpoint_last_success,
-                "last_step": self.checkpoint_last_step,
-                "duration": self.checkpoint_duration,
-                "failures": self.checkpoint_failures,
-            },
-            "gemini": None if self.gemini_chunk_memory is None else {
-                "chunk_memory": dict(self.gemini_chunk_memory),
-                "h2d": self.h2d_bytes, "d2h": self.d2h_bytes,
-            },
-            "heartbeats": {k: dict(v) for k, v in list(self.heartbeats.items())},
-            "monitor_errors": dict(self.monitor_errors),
-            "info": dict(self.info),
-        }
-        stalled, reason = judge(snap, now)
-        snap["stalled"], snap["reason"] = stalled, reason
+        error = self.last_error
+        gemini = self.gemini_chunk_memory
+        snap = Snapshot(
+            rank=self.rank, local_rank=self.local_rank, world_size=self.world_size,
+            pid=self.pid, pid_start=self.pid_start, pid_ns=self.pid_ns,
+            created=self.created, written=now,
+            phase=phase, phase_start=phase_start, error=self.error,  # type: ignore[arg-type]
+            kernels_ready=self.kernels_ready, kernel_failures=self.kernel_failures,
+            last_error=error,  # replaced whole, never changed in place
+            steps=self.steps, last_step=last_step,
+            samples=self.samples, tokens=self.tokens, loss=self.loss,
+            step_buckets=list(STEP_BUCKETS), step_hist=list(self.hist),
+            step_sum=self.duration_sum,
+            timeout=timeout, progress=progress, stalls=self.stalls,
+            oom=dict(self.oom),
+            checkpoint=CheckpointState(
+                in_flight=self.checkpointing or self.async_writers > 0,
+                last_success=self.checkpoint_last_success,
+                last_step=self.checkpoint_last_step,
+                duration=self.checkpoint_duration,
+                failures=self.checkpoint_failures),
+            gemini=None if gemini is None else GeminiState(
+                chunk_memory=dict(gemini), h2d=self.h2d_bytes, d2h=self.d2h_bytes),
+            heartbeats={name: msgspec.structs.replace(stats)  # a copy: the sender mutates
+                        for name, stats in list(self.heartbeats.items())},
+            monitor_errors=dict(self.monitor_errors),
+            info=dict(self.info),
+        )
+        snap.stalled, snap.reason = judge(snap, now)
         return snap
 
 
-def judge(snap: dict[str, Any], now: float) -> tuple[bool, str]:
+def judge(snap: Snapshot, now: float) -> tuple[bool, str]:
     """(stalled, reason) for a snapshot at wall-clock time ``now``.
 
     A pure function of the snapshot so that the node agent, reading a snapshot a
     frozen rank wrote minutes ago, reaches the verdict the rank itself cannot.
     """
-    phase = snap["phase"]
+    phase = snap.phase
     if phase == "failed":
-        return False, f"run failed: {snap.get('error') or 'unknown error'}"
+        return False, f"run failed: {snap.error or 'unknown error'}"
     if phase == "finished":
         return False, "run finished"
-    idle = now - float(snap["progress"])
-    timeout = float(snap["timeout"])
+    idle = now - snap.progress
+    timeout = snap.timeout
     if idle > timeout:
         what = "no step completed" if phase == "training" else f"phase {phase} unchanged"
         return True, (f"stalled in phase {phase}: {what} for {idle:.1f}s "
                       f"(budget {timeout:.1f}s)")
     if phase not in HEALTHY_PHASES:
         return False, f"phase is {phase}"
-    if not snap["kernels_ready"]:
+    if not snap.kernels_ready:
         return False, "kernels not ready"
     return False, ""
 
 
-def healthy(snap: dict[str, Any]) -> bool:
+def healthy(snap: Snapshot) -> bool:
     """The tutorial's rule: a healthy phase, not stalled, kernels ready."""
-    return (snap["phase"] in HEALTHY_PHASES and not snap["stalled"]
-            and bool(snap["kernels_ready"]))
+    return snap.phase in HEALTHY_PHASES and not snap.stalled and snap.kernels_ready
