@@ -20,7 +20,7 @@ from colossalai_exporter import Budgets, TrainingMonitor
 from colossalai_exporter.training.errors import first_line
 from colossalai_exporter.training.monitor import detect_run_id
 from colossalai_exporter.training.snapshot import Snapshot, read_snapshot, snapshot_path
-from conftest import REPO, require, small_tmpfs
+from conftest import REPO, require, small_tmpfs, wait_until
 from test_training_monitor import need_torch, quiet, sample
 
 CUDA_OOM = ("CUDA out of memory. Tried to allocate 1024.00 MiB. GPU 0 has a total capacity "
@@ -236,3 +236,17 @@ def test_entering_a_checkpoint_is_on_disk_before_the_save_starts(tmp_path: Path)
     finally:
         monitor.close()
     assert (inside, building) == ("checkpointing", "kernels")
+
+
+def test_a_diverged_loss_does_not_stop_the_snapshots(tmp_path: Path) -> None:
+    # JSON has no NaN: the file says null, and it keeps being written (before, the
+    # writer refused NaN, so the agent saw the rank's snapshot age and called it down).
+    monitor = quiet(tmp_path)
+    try:
+        monitor.step_done(0.01, loss=float("nan"))
+        monitor.step_done(0.01, loss=float("nan"))
+        wait_until(lambda: on_disk(tmp_path).steps == 2, what="the NaN step on disk")
+        assert on_disk(tmp_path).loss is None
+        assert monitor.snapshot().monitor_errors.get("publish", 0) == 0
+    finally:
+        monitor.close()
