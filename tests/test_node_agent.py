@@ -14,6 +14,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from colossalai_exporter import catalogue
+from colossalai_exporter.configfile import load
+from colossalai_exporter.errors import ConfigError
 from conftest import (
     REPO,
     cli_env,
@@ -242,13 +244,69 @@ def test_bad_config_files_are_one_line_and_exit_2(tmp_path: Path) -> None:
     bad_hash = tmp_path / "web.yml"
     bad_hash.write_text("basic_auth_users:\n  prometheus: plaintext\n")
     cases = [(["--config.file", str(bad_yaml)], "is not valid YAML at line"),
-             (["--config.file", str(unknown)], "unknown key 'diskz'"),
+             (["--config.file", str(unknown)], "unknown key `diskz`"),
              (["--web.config.file", str(bad_hash)], "is not a bcrypt hash")]
     for args, needle in cases:
         result = run_cli("node", NO_GPU, *args)
         assert result.returncode == 2, (args, result.stderr)
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and needle in lines[0], lines
+
+
+# Typos a user makes in node.yml (issue 18: each started the agent on its defaults),
+# and the line that must say which key is wrong.
+NODE_TYPOS = [
+    ("web: {listen_adress: ':9999'}", "web: unknown key `listen_adress`"),
+    ("gpu: {timout_seconds: 1}", "gpu: unknown key `timout_seconds`"),
+    ("gpu: {expectd: 8}", "gpu: unknown key `expectd`"),
+    ("ranks: {rundir: /x}", "ranks: unknown key `rundir`"),
+    ("disks: [{name: ckpt, path: /ckpt, mountpoint: true}]",
+     "disks[0]: unknown key `mountpoint`"),
+    ("collectors: {gpuu: false}", "collectors: unknown key `gpuu`"),
+    ("log: {level: verbose}", "log.level: invalid enum value 'verbose'"),
+    ("gpu: {expected: -1}", "gpu.expected: expected `int` >= 0"),
+    ("gpu: {timeout_seconds: 5 min}", "gpu.timeout_seconds:"),
+    ("disks: [{path: /ckpt}]", "disks[0]: missing key `name`"),
+    ("rendezvous: {targets: node-0}", "rendezvous.targets: expected `array`"),
+]
+
+
+@pytest.mark.parametrize(("text", "needle"), NODE_TYPOS, ids=[t for t, _ in NODE_TYPOS])
+def test_a_typo_anywhere_in_the_node_config_is_named(tmp_path: Path, text: str,
+                                                      needle: str) -> None:
+    from colossalai_exporter.node.config import NodeFile
+
+    path = tmp_path / "node.yml"
+    path.write_text(text + "\n")
+    with pytest.raises(ConfigError) as error:
+        load(path, NodeFile)
+    assert str(error.value).startswith(f"{path}: "), error.value
+    assert needle in str(error.value), error.value
+
+
+def test_node_config_durations_and_relative_paths(tmp_path: Path) -> None:
+    from colossalai_exporter.node.config import NodeConfig, NodeFile, apply_file
+
+    path = tmp_path / "etc" / "node.yml"
+    path.parent.mkdir()
+    path.write_text("gpu: {timeout_seconds: 1500ms}\nscrape_timeout_seconds: 8\n"
+                    "rendezvous: {timeout_seconds: 2s}\n"
+                    "disks: [{name: ckpt, path: ckpt}]\nranks: {run_dir: /dev/shm/x}\n")
+    config = NodeConfig()
+    apply_file(config, load(path, NodeFile), str(path))
+    assert (config.gpu_timeout, config.scrape_timeout, config.rendezvous_timeout) == \
+        (1.5, 8.0, 2.0)
+    assert config.disks[0].path == str(tmp_path / "etc" / "ckpt")  # the file's folder
+    assert config.ranks_run_dir == "/dev/shm/x"
+
+
+def test_a_node_config_typo_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    path = tmp_path / "node.yml"
+    path.write_text("web:\n  listen_adress: ':9999'\n")
+    result = run_cli("node", NO_GPU, "--config.file", str(path))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        f"colossalai-exporter: error: {path}: web: unknown key `listen_adress`"], result.stderr
 
 
 def test_busy_listen_address_is_exit_2(listener: int) -> None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import psutil
 import requests
 import yaml
 
@@ -105,9 +105,19 @@ class Job:
         return read_snapshot(snapshot_path(self.run_dir, rank))
 
     def stop(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGCONT)  # a SIGSTOPped rank must die too
-            os.killpg(self.proc.pid, signal.SIGKILL)
+        """End torchrun and every rank. torchrun starts each rank in a session of its
+        own (start_new_session), so killing torchrun's group would leave the ranks
+        running, burning the CPU the next cases need: every descendant is ended."""
+        try:
+            tree = [psutil.Process(self.proc.pid),
+                    *psutil.Process(self.proc.pid).children(recursive=True)]
+        except psutil.NoSuchProcess:
+            tree = []
+        for proc in tree:
+            with contextlib.suppress(psutil.Error):
+                proc.send_signal(signal.SIGCONT)  # a SIGSTOPped rank must die too
+                proc.kill()
+        psutil.wait_procs(tree, timeout=30)
         self.proc.wait(timeout=30)
 
 

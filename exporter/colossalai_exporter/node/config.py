@@ -28,17 +28,17 @@ import argparse
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, Literal
 
+import msgspec
+
+from colossalai_exporter.configfile import ConfigPath, Seconds, Section, load
 from colossalai_exporter.errors import ConfigError
-from colossalai_exporter.flags import load_yaml_file
 from colossalai_exporter.node.disk import WatchedPath
 from colossalai_exporter.node.rendezvous import Endpoint
 
 COLLECTORS = ("gpu", "host", "disk", "rendezvous", "ranks")
 DEFAULT_PORT = 9466
-TOP_KEYS = {"web", "log", "scrape_timeout_seconds", "collectors", "gpu", "disks", "rendezvous",
-            "ranks"}
 
 
 @dataclass
@@ -81,57 +81,80 @@ def _positive(value: Any, where: str) -> float:
     return float(value)
 
 
-def _section(data: Mapping[str, Any], key: str, source: str) -> dict[str, Any]:
-    value = data.get(key) or {}
-    if not isinstance(value, dict):
-        raise ConfigError(f"{source}: {key} must be a mapping")
-    return value
+# The file's shape (docs/node.md, deploy/node/node.example.yml). Unknown keys at any
+# depth are errors naming their path: a typo must not start the agent on defaults.
+class WebSection(Section, frozen=True):
+    listen_address: str | None = None
+    config_file: ConfigPath | None = None
 
 
-def apply_file(config: NodeConfig, data: Mapping[str, Any], source: str) -> None:
-    unknown = sorted(set(data) - TOP_KEYS)
-    if unknown:
-        raise ConfigError(f"{source}: unknown key {unknown[0]!r} "
-                          f"(known: {', '.join(sorted(TOP_KEYS))})")
-    web = _section(data, "web", source)
-    config.listen_address = str(web.get("listen_address", config.listen_address))
-    config.web_config_file = web.get("config_file", config.web_config_file)
-    log = _section(data, "log", source)
-    config.log_level = str(log.get("level", config.log_level))
-    config.log_format = str(log.get("format", config.log_format))
-    if "scrape_timeout_seconds" in data:
-        config.scrape_timeout = _positive(data["scrape_timeout_seconds"],
+class LogSection(Section, frozen=True):
+    level: Literal["debug", "info", "warn", "error"] | None = None
+    format: Literal["logfmt", "json"] | None = None
+
+
+class CollectorsSection(Section, frozen=True):
+    gpu: bool = True
+    host: bool = True
+    disk: bool = True
+    rendezvous: bool = True
+    ranks: bool = True
+
+
+class GpuSection(Section, frozen=True):
+    timeout_seconds: Seconds | None = None
+    expected: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+
+class DiskSection(Section, frozen=True):
+    name: Annotated[str, msgspec.Meta(min_length=1)]
+    path: ConfigPath
+    mount_point: bool = False
+
+
+class RendezvousSection(Section, frozen=True):
+    targets: list[str] = msgspec.field(default_factory=list)
+    timeout_seconds: Seconds | None = None
+
+
+class RanksSection(Section, frozen=True):
+    run_dir: ConfigPath | None = None
+
+
+class NodeFile(Section, frozen=True):
+    web: WebSection = WebSection()
+    log: LogSection = LogSection()
+    scrape_timeout_seconds: Seconds | None = None
+    collectors: CollectorsSection = CollectorsSection()
+    gpu: GpuSection = GpuSection()
+    disks: list[DiskSection] = msgspec.field(default_factory=list)
+    rendezvous: RendezvousSection = RendezvousSection()
+    ranks: RanksSection = RanksSection()
+
+
+def apply_file(config: NodeConfig, file: NodeFile, source: str) -> None:
+    """Values the file sets replace the defaults; flags replace them in turn."""
+    config.listen_address = file.web.listen_address or config.listen_address
+    config.web_config_file = file.web.config_file or config.web_config_file
+    config.log_level = file.log.level or config.log_level
+    config.log_format = file.log.format or config.log_format
+    if file.scrape_timeout_seconds is not None:
+        config.scrape_timeout = _positive(file.scrape_timeout_seconds,
                                           f"{source}: scrape_timeout_seconds")
-    for name, enabled in _section(data, "collectors", source).items():
-        if name not in COLLECTORS or not isinstance(enabled, bool):
-            raise ConfigError(f"{source}: collectors.{name} must be one of "
-                              f"{', '.join(COLLECTORS)} with true or false")
-        config.collectors[name] = enabled
-    gpu = _section(data, "gpu", source)
-    if "timeout_seconds" in gpu:
-        config.gpu_timeout = _positive(gpu["timeout_seconds"], f"{source}: gpu.timeout_seconds")
-    if "expected" in gpu:
-        config.gpu_expected = _count(gpu["expected"], f"{source}: gpu.expected")
-    disks = data.get("disks") or []
-    if not isinstance(disks, list):
-        raise ConfigError(f"{source}: disks must be a list of {{name, path}}")
-    for i, disk in enumerate(disks):
-        if not isinstance(disk, dict) or not isinstance(disk.get("name"), str) \
-                or not isinstance(disk.get("path"), str):
-            raise ConfigError(f"{source}: disks[{i}] needs string keys name and path")
-        config.disks.append(WatchedPath(disk["name"], disk["path"],
-                                        bool(disk.get("mount_point", False))))
-    rendezvous = _section(data, "rendezvous", source)
-    for target in rendezvous.get("targets") or []:
-        config.rendezvous.append(parse_endpoint(str(target), f"{source}: rendezvous.targets"))
-    if "timeout_seconds" in rendezvous:
-        config.rendezvous_timeout = _positive(rendezvous["timeout_seconds"],
+    config.collectors = {name: getattr(file.collectors, name) for name in COLLECTORS}
+    if file.gpu.timeout_seconds is not None:
+        config.gpu_timeout = _positive(file.gpu.timeout_seconds,
+                                       f"{source}: gpu.timeout_seconds")
+    if file.gpu.expected is not None:
+        config.gpu_expected = file.gpu.expected
+    config.disks = [WatchedPath(d.name, str(d.path), d.mount_point) for d in file.disks]
+    config.rendezvous = [parse_endpoint(t, f"{source}: rendezvous.targets")
+                         for t in file.rendezvous.targets]
+    if file.rendezvous.timeout_seconds is not None:
+        config.rendezvous_timeout = _positive(file.rendezvous.timeout_seconds,
                                               f"{source}: rendezvous.timeout_seconds")
-    ranks = _section(data, "ranks", source)
-    if "run_dir" in ranks:
-        if not isinstance(ranks["run_dir"], str) or not ranks["run_dir"]:
-            raise ConfigError(f"{source}: ranks.run_dir must be a path")
-        config.ranks_run_dir = ranks["run_dir"]
+    if file.ranks.run_dir is not None:
+        config.ranks_run_dir = str(file.ranks.run_dir)
 
 
 def _count(value: Any, where: str) -> int:
@@ -214,7 +237,7 @@ def apply_flags(config: NodeConfig, args: argparse.Namespace) -> None:
 def load_config(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> NodeConfig:
     config = NodeConfig()
     if args.config_file:
-        apply_file(config, load_yaml_file(args.config_file), args.config_file)
+        apply_file(config, load(args.config_file, NodeFile), args.config_file)
     apply_flags(config, args)
     apply_environment(config, os.environ if env is None else env)
     return config
