@@ -544,3 +544,15 @@ def test_address_endpoints_connect_without_resolving(listener: int,
             port = closed.getsockname()[1]
         assert rendezvous.connect(rendezvous.Endpoint("127.0.0.1", port), 2).reason == "refused"
     assert rendezvous.connect(rendezvous.Endpoint("localhost", listener), 2).ok
+
+
+def test_the_example_node_config_is_read_strictly_as_documented() -> None:
+    from colossalai_exporter.node.config import NodeConfig, NodeFile, apply_file
+
+    example = REPO / "deploy" / "node" / "node.example.yml"
+    config = NodeConfig()
+    apply_file(config, load(example, NodeFile), str(example))
+    assert config.gpu_expected == 8 and config.scrape_timeout == 8.0
+    assert [(d.name, d.mount_point) for d in config.disks] == [("checkpoints", False),
+                                                                ("nvme_offload", True)]
+    assert [(e.host, e.port) for e in config.rendezvous] == [("10.0.0.1", 29500)]
