@@ -125,6 +125,29 @@ def test_serves_catalogued_names_promtool_clean_and_matches_golden(
     assert status == 200 and b'href="metrics"' in body
 
 
+def test_health_is_degraded_only_for_what_is_wrong(server_process, tmp_path: Path) -> None:
+    """No GPU driver on a node where no GPU is expected is fine; a watched path that is
+    missing is not (issue 18: the reverse was true)."""
+    require(not Path("/proc/driver/nvidia").exists(), "a machine without an NVIDIA driver")
+    fine = server_process("node", "--no-collector.rendezvous", "--disk", f"ckpt={tmp_path}")
+    status, _, body = http_get(fine.url + "/health")
+    assert (status, json.loads(body)["problems"]) == (200, []), body
+    missing = tmp_path / "not-there"
+    broken = server_process("node", "--no-collector.rendezvous", "--disk", f"ckpt={tmp_path}",
+                            "--disk", f"nvme={missing}")
+    status, _, body = http_get(broken.url + "/health")
+    assert status == 503, body
+    assert json.loads(body)["problems"] == [{
+        "collector": "disk", "reason": "missing",
+        "message": f"nvme ({missing}) is not usable: missing"}]
+    expecting = server_process("node", "--no-collector.rendezvous", "--disk", f"ckpt={tmp_path}",
+                               "--gpu.expected", "1")
+    status, _, body = http_get(expecting.url + "/health")
+    assert status == 503, body
+    assert [(p["collector"], p["reason"]) for p in json.loads(body)["problems"]] == [
+        ("gpu", "no_driver")]
+
+
 def test_disk_faults_on_real_filesystems(server_process, tmp_path: Path) -> None:
     missing = tmp_path / "missing"
     a_file = tmp_path / "file"

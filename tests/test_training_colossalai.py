@@ -159,6 +159,7 @@ def test_real_job_seen_from_rank0_and_from_the_node_agent(job: Job) -> None:
     assert labels["plugin"] == "TorchDDPPlugin"
     assert labels["colossalai_version"] == "0.5.0"
     assert labels["world_size"] == "2"
+    assert (labels["dp_size"], labels["tp_size"], labels["pp_size"]) == ("2", "1", "1")  # DDP
     wait_until(lambda: ("colossalai_training_loss", r0) in scrape(job.url), timeout=10,
                what="tensor loss converted by the publisher")
     status, _, body = http_get(job.url + "/health")

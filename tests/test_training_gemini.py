@@ -96,6 +96,23 @@ def test_gemini_series_are_absent_without_gemini(tmp_path: Path) -> None:
     assert plugin_info(None) == {"plugin": "none"}
 
 
+def test_data_parallel_plugins_report_their_dp_size() -> None:
+    class TorchDDPPlugin:  # ColossalAI's has no dp_size, tp_size or pp_size
+        pass
+
+    class HybridParallelPlugin:
+        tp_size, pp_size, dp_size = 2, 2, 4
+
+    class GeminiPlugin:
+        tp_size = 2
+
+    assert plugin_info(TorchDDPPlugin(), world_size=8) == {
+        "plugin": "TorchDDPPlugin", "dp_size": 8, "tp_size": 1, "pp_size": 1}
+    assert plugin_info(HybridParallelPlugin(), world_size=16) == {
+        "plugin": "HybridParallelPlugin", "tp_size": 2, "pp_size": 2, "dp_size": 4}
+    assert plugin_info(GeminiPlugin(), world_size=8)["dp_size"] == 4
+
+
 def test_real_torch_out_of_memory_type_is_cuda() -> None:
     torch = need_torch()
     exc = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB")

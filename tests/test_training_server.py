@@ -112,11 +112,26 @@ def test_port_in_use_is_a_warning_and_training_continues(
             messages = [r.getMessage() for r in caplog.records]
             assert any("cannot serve /metrics and /health" in m and str(port) in m
                        and "training continues" in m for m in messages), messages
+            # It names what a training script sets, not the daemons' flag.
+            assert any("TrainingMonitor(port=" in m and "COLOSSALAI_EXPORTER_PORT" in m
+                       and "--web" not in m for m in messages), messages
             monitor.step_done(0.01)
             assert monitor.snapshot().steps == 1
             assert monitor.snapshot().monitor_errors["server"] == 1
         finally:
             monitor.close()
+
+
+def test_the_monitor_says_where_it_serves(tmp_path: Path,
+                                          caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, "colossalai_exporter.training"):
+        monitor = TrainingMonitor(port=0, host="127.0.0.1", run_dir=tmp_path)
+    try:
+        assert monitor.url is not None
+        assert any(f"rank 0 serves /metrics and /health on {monitor.url}" in r.getMessage()
+                   and str(tmp_path) in r.getMessage() for r in caplog.records), caplog.text
+    finally:
+        monitor.close()
 
 
 def test_serve_modes_choose_ranks_and_ports(tmp_path: Path) -> None:

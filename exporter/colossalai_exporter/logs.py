@@ -14,7 +14,11 @@ LEVELS = ("debug", "info", "warn", "error")
 FORMATS = ("logfmt", "json")
 
 # Attributes every LogRecord has; anything else came from ``extra=`` and is logged as a field.
-_STANDARD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+# uvicorn adds ``color_message`` (the message with ANSI colour escapes, for its own
+# terminal formatter) to its records: a copy of msg that would put escapes into every
+# logfmt and JSON line, so it is not a field either.
+_STANDARD_ATTRS = frozenset(vars(logging.makeLogRecord({}))) | {"message", "asctime",
+                                                                 "color_message"}
 
 
 def _fields(record: logging.LogRecord) -> dict[str, Any]:

@@ -69,6 +69,13 @@ class NodeCollector(Protocol):
         ...
 
 
+# Optional on a collector, read by the agent's /health (getattr with a default):
+#   problems() -> list[dict[str, str]]  what is wrong although the collector works
+#                                       (a watched path that is missing or hung)
+#   tolerates(reason: str) -> bool      a failure reason that is not wrong on this
+#                                       node (no NVIDIA driver where no GPU is expected)
+
+
 class BegunCollector(NodeCollector, Protocol):
     """A collector that starts its work early (``begin``) and waits for it in ``collect``.
 

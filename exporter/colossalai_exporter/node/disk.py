@@ -134,6 +134,7 @@ class DiskCollector:
         self._calls = calls or BlockingCalls("disk", max_threads=min(8, 2 * len(paths)))
         self._cond = threading.Condition()
         self._in_flight: dict[int, _Check] = {}  # checks not returned yet, by path index
+        self._last: list[tuple[WatchedPath, PathStatus]] = []  # for /health
 
     def begin(self, deadline: float) -> Pending:
         """Start this scrape's checks; collect() waits for them."""
@@ -179,6 +180,7 @@ class DiskCollector:
                                          if check.status is None)
                 self._cond.wait((end if separated else fallback_at) - now)
             statuses = [check.status or PathStatus(False, "timeout") for check in scrape.checks]
+            self._last = list(zip(self.paths, statuses, strict=True))
         free = family("colossalai_disk_free_bytes")
         total = family("colossalai_disk_total_bytes")
         ok = family("colossalai_disk_path_ok")
@@ -192,6 +194,14 @@ class DiskCollector:
                 free.add_metric(labels, status.free_bytes)
                 total.add_metric(labels, status.total_bytes)
         return [free, total, ok, failure]
+
+    def problems(self) -> list[dict[str, str]]:
+        """Watched paths that were not usable at the last scrape, for /health."""
+        with self._cond:
+            last = list(self._last)
+        return [{"collector": self.name, "reason": status.reason,
+                 "message": f"{watched.name} ({watched.path}) is not usable: {status.reason}"}
+                for watched, status in last if not status.ok]
 
     def close(self) -> None:
         self._calls.shutdown()

@@ -22,15 +22,27 @@ SAVE_METHODS = ("save_model", "save_optimizer", "save_lr_scheduler")
 _WATCHED = "_colossalai_exporter_watched"
 
 
-def plugin_info(plugin: Any) -> dict[str, Any]:
-    """Info labels from a Booster plugin: its class, parallel sizes, Gemini placement."""
+def plugin_info(plugin: Any, world_size: int | None = None) -> dict[str, Any]:
+    """Info labels from a Booster plugin: its class, parallel sizes, Gemini placement.
+
+    Plugins that only shard data (TorchDDPPlugin, TorchFSDPPlugin, LowLevelZeroPlugin,
+    GeminiPlugin without tensor parallelism) have no ``dp_size`` attribute: every
+    rank is then a data-parallel replica, so the data-parallel size is the world
+    size over the tensor- and pipeline-parallel sizes (1 unless the plugin says).
+    """
     if plugin is None:
         return {"plugin": "none"}
     info: dict[str, Any] = {"plugin": type(plugin).__name__}
     for key in ("tp_size", "pp_size", "dp_size"):
         value = getattr(plugin, key, None)
-        if isinstance(value, int):
+        if isinstance(value, int) and not isinstance(value, bool):
             info[key] = value
+    if "dp_size" not in info and world_size:
+        model_parallel = int(info.get("tp_size", 1)) * int(info.get("pp_size", 1))
+        if model_parallel > 0 and world_size % model_parallel == 0:
+            info["dp_size"] = world_size // model_parallel
+            info.setdefault("tp_size", 1)
+            info.setdefault("pp_size", 1)
     gemini_config = getattr(plugin, "gemini_config", None)
     if isinstance(gemini_config, dict) and gemini_config.get("placement_policy"):
         info["placement_policy"] = gemini_config["placement_policy"]
@@ -48,7 +60,7 @@ def watch_booster(monitor: TrainingMonitor, booster: Any) -> None:
     """
     if getattr(booster, _WATCHED, None) is monitor:
         return
-    info = plugin_info(getattr(booster, "plugin", None))
+    info = plugin_info(getattr(booster, "plugin", None), monitor.world_size)
     colossalai = sys.modules.get("colossalai")
     if colossalai is not None:
         info["colossalai_version"] = getattr(colossalai, "__version__", "")

@@ -318,12 +318,19 @@ class TrainingMonitor:
             from colossalai_exporter.web import serve
 
             self._server = serve(build_app(self.snapshot), f"{self._host}:{port}",
-                                 name="training")
+                                 name="training",
+                                 option="TrainingMonitor(port=…, host=…) / "
+                                        "COLOSSALAI_EXPORTER_PORT")
         except ConfigError as exc:
-            log.warning("cannot serve /metrics and /health: %s; training continues", exc)
+            log.warning("rank %d cannot serve /metrics and /health: %s (or serve='none'); "
+                        "training continues", self.rank, exc)
             self._count_error("server")
+            return
         except Exception as exc:
             self._error("server", exc)
+            return
+        log.info("rank %d serves /metrics and /health on %s; snapshots in %s", self.rank,
+                 self._server.url, self.run_dir or "(none)")
 
     @property
     def url(self) -> str | None:

@@ -190,24 +190,30 @@ def protocol_class(name: str) -> type[asyncio.Protocol]:
     raise ValueError(f"unknown HTTP protocol {name!r} (httptools or h11)")
 
 
-def parse_listen_address(address: str) -> tuple[str, int]:
-    """``:9466``, ``0.0.0.0:9466``, ``[::1]:9466``, ``localhost:0`` -> (host, port)."""
+LISTEN_OPTION = "--web.listen-address"
+
+
+def parse_listen_address(address: str, option: str = LISTEN_OPTION) -> tuple[str, int]:
+    """``:9466``, ``0.0.0.0:9466``, ``[::1]:9466``, ``localhost:0`` -> (host, port).
+
+    ``option`` names, in errors, what the user sets the address with.
+    """
     host, sep, port_text = address.rpartition(":")
     if not sep:
-        raise ConfigError(f"--web.listen-address {address!r} must be HOST:PORT or :PORT")
+        raise ConfigError(f"{option} {address!r} must be HOST:PORT or :PORT")
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ConfigError(f"--web.listen-address {address!r}: port must be 0-65535")
+        raise ConfigError(f"{option} {address!r}: port must be 0-65535")
     return host or "0.0.0.0", int(port_text)
 
 
-def bind_socket(address: str) -> socket.socket:
-    host, port = parse_listen_address(address)
+def bind_socket(address: str, option: str = LISTEN_OPTION) -> socket.socket:
+    host, port = parse_listen_address(address, option)
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
-        raise ConfigError(f"--web.listen-address {address!r}: cannot resolve {host!r}: "
+        raise ConfigError(f"{option} {address!r}: cannot resolve {host!r}: "
                           f"{exc.strerror}") from None
     family, _, _, _, sockaddr = infos[0]
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -217,7 +223,7 @@ def bind_socket(address: str) -> socket.socket:
         sock.listen(128)
     except OSError as exc:
         sock.close()
-        raise ConfigError(f"--web.listen-address {address!r}: cannot listen: "
+        raise ConfigError(f"{option} {address!r}: cannot listen: "
                           f"{exc.strerror}") from None
     sock.set_inheritable(True)
     return sock
@@ -281,15 +287,17 @@ def stop_on_signals() -> threading.Event:
 
 def serve(app: Any, listen_address: str, web_config: WebConfig | None = None,
           *, name: str = "http",
-          protocol: str | type[asyncio.Protocol] = "httptools") -> ServerHandle:
+          protocol: str | type[asyncio.Protocol] = "httptools",
+          option: str = LISTEN_OPTION) -> ServerHandle:
     """Start ``app`` on ``listen_address`` in a background thread and return its handle.
 
     ``protocol`` is ``"httptools"`` (the default, the faster parser), ``"h11"`` (pure
     Python), or a protocol class; both named ones carry the same protections.
+    ``option``: how the user sets ``listen_address``, for error messages.
     """
     http = protocol_class(protocol) if isinstance(protocol, str) else protocol
     web_config = web_config or WebConfig()
-    sock = bind_socket(listen_address)
+    sock = bind_socket(listen_address, option)
     ssl_context = web_config.tls.ssl_context() if web_config.tls else None
     config = uvicorn.Config(
         app,

@@ -197,6 +197,11 @@ class GpuCollector:
         else:
             self._start_worker()
 
+    def tolerates(self, reason: str) -> bool:
+        """No NVIDIA driver is not wrong on a node where no GPU is expected
+        (``--gpu.expected`` unset or 0); the metrics still say ``no_driver``."""
+        return reason == "no_driver" and not self.expected
+
     # -- NodeCollector -------------------------------------------------------
     def begin(self, deadline: float) -> Pending | None:
         """Ask the worker for a reading now, so NVML works while other collectors run."""
