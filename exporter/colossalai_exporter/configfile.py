@@ -54,16 +54,36 @@ class ConfigPath(str):
     __slots__ = ()
 
 
-def parse_duration(text: str) -> float:
-    """Seconds in a Prometheus duration: ``parse_duration("1m30s") == 90``.
+def parse_prometheus_duration(text: str) -> float:
+    """Seconds in a Prometheus duration, exactly as Prometheus reads one (``1h30m``).
 
-    ValueError when ``text`` is not one (``5 min``, ``-1s``, an empty string).
+    For values written into Prometheus' own files (a rule's ``for``); ValueError
+    otherwise (``5 min``, ``1.5m``, ``-1s``, an empty string).
     """
     match = _DURATION_RE.match(text.strip())
     if not text.strip() or match is None or not any(match.groups()):
         raise ValueError(f"{text!r} is not a duration (like 30s, 5m, 1h30m, 500ms)")
     return float(sum(int(g) * unit for g, unit in zip(match.groups(), _DURATION_UNITS,
                                                        strict=True) if g))
+
+
+_DECIMAL_RE: Final = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d|w|y)?$")
+_UNIT_SECONDS: Final = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0,
+                        "w": 7 * 86400.0, "y": 365 * 86400.0, None: 1.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a duration from a config file: ``parse_duration("1m30s") == 90``.
+
+    Prometheus' grammar (``30s``, ``1h30m``, ``500ms``), and for the configs
+    written before it was the one grammar, a single decimal value with a unit
+    (``1.5s``, ``0.5m``) or a bare number of seconds (``"5"``). ValueError
+    otherwise.
+    """
+    with_unit = _DECIMAL_RE.match(text.strip())
+    if with_unit is not None:
+        return float(with_unit.group(1)) * _UNIT_SECONDS[with_unit.group(2)]
+    return parse_prometheus_duration(text)
 
 
 def _decoder(base: Path) -> Callable[[type, Any], Any]:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from colossalai_exporter import configfile
 from colossalai_exporter.bridge.matchers import (
     Matcher,
     MatcherError,
@@ -36,9 +37,7 @@ BODIES = ("stable", "alertmanager")
 METHODS = ("GET", "POST", "HEAD", "PUT")
 DEFAULT_HEARTBEAT_SELECTOR = ('alertname="Watchdog"',)
 _NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)$")
 _SSL_SOURCE_LINE = re.compile(r"\s*\(_ssl\.c:\d+\)$")
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 
 @dataclass(frozen=True)
@@ -148,8 +147,11 @@ def parse_duration(value: Any) -> float:
         raise ValueError("must be a duration like 10s, 5m or 4h")
     if isinstance(value, int | float):
         seconds = float(value)
-    elif isinstance(value, str) and (found := _DURATION.match(value.strip())):
-        seconds = float(found.group(1)) * _UNITS[found.group(2)]
+    elif isinstance(value, str):
+        try:  # the config layer's one grammar
+            seconds = configfile.parse_duration(value)
+        except ValueError:
+            raise ValueError(f"{value!r} is not a duration like 10s, 5m or 4h") from None
     else:
         raise ValueError(f"{value!r} is not a duration like 10s, 5m or 4h")
     if seconds < 0:

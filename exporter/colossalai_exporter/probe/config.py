@@ -36,6 +36,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from colossalai_exporter import configfile
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.flags import load_yaml_file
 from colossalai_exporter.probe.targets import AllowList, IPNetwork
@@ -138,20 +139,19 @@ class ProbeConfig:
     modules: dict[str, Module] = field(default_factory=lambda: dict(BUILTIN_MODULES))
 
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m)?$")
-
-
 def parse_duration(value: Any, where: str) -> float:
-    """``5s``, ``500ms``, ``1m`` or a number of seconds; positive."""
+    """``5s``, ``500ms``, ``1m``, ``1m30s`` or a number of seconds (the config layer's
+    grammar, configfile.parse_duration); positive."""
     if isinstance(value, bool):
         raise ConfigError(f"{where} must be a duration like 5s, got {value!r}")
     if isinstance(value, int | float):
         seconds = float(value)
     else:
-        match = _DURATION.match(str(value).strip())
-        if not match:
-            raise ConfigError(f"{where} must be a duration like 5s, 500ms or 1m, got {value!r}")
-        seconds = float(match.group(1)) * {"ms": 0.001, "s": 1, "m": 60, None: 1}[match.group(2)]
+        try:
+            seconds = configfile.parse_duration(str(value))
+        except ValueError:
+            raise ConfigError(f"{where} must be a duration like 5s, 500ms or 1m, "
+                              f"got {value!r}") from None
     if seconds <= 0:
         raise ConfigError(f"{where} must be positive, got {value!r}")
     return seconds

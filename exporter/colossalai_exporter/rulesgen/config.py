@@ -11,19 +11,15 @@ naming the file and the dotted key.
 from __future__ import annotations
 
 import dataclasses
-import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from colossalai_exporter.configfile import parse_prometheus_duration
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.flags import load_yaml_file
-
-_DURATION_RE = re.compile(r"^(?:(\d+)y)?(?:(\d+)w)?(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?"
-                          r"(?:(\d+)ms)?$")
-_DURATION_UNITS = (365 * 86400, 7 * 86400, 86400, 3600, 60, 1, 0.001)
 
 
 @dataclass(frozen=True)
@@ -36,11 +32,12 @@ class Duration:
     @classmethod
     def parse(cls, text: str) -> Duration:
         """``Duration.parse("1h30m").seconds == 5400``; ValueError when malformed."""
-        match = _DURATION_RE.match(text)
-        if not text or match is None:
-            raise ValueError(f"{text!r} is not a Prometheus duration (like 30s, 5m, 1h30m)")
-        seconds = sum(int(g) * unit for g, unit in zip(match.groups(), _DURATION_UNITS,
-                                                       strict=True) if g)
+        # Prometheus' own grammar: the text is written into the rule files as it is.
+        try:
+            seconds = parse_prometheus_duration(text)
+        except ValueError:
+            raise ValueError(f"{text!r} is not a Prometheus duration (like 30s, 5m, "
+                             "1h30m)") from None
         return cls(text, seconds)
 
     def __str__(self) -> str:

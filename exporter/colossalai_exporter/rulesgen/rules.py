@@ -276,9 +276,13 @@ def training(config: RulesConfig) -> RuleFile:
             "GeminiOutOfMemory",
             events_on_any_rank("colossalai_gemini_oom_total", th.gemini_oom_window, t, n),
             "critical", "A training rank ran out of memory.",
-            fill('Rank [[$rank]][[of_run]] on [[$instance]] hit {{ $value | printf "%.0f" }} '
-                 "out-of-memory error(s) in [[memory]] in the last [[window]].[[died]]"
-                 "[[last_error]]",
+            # The count is the counter itself, not the alert's value: increase()
+            # extrapolates (one error read 1.89 the evaluation after it was scraped).
+            fill("Rank [[$rank]][[of_run]] on [[$instance]] ran out of [[memory]]: [[count]] "
+                 "out-of-memory error(s) since the rank started, the last within [[window]]."
+                 "[[died]][[last_error]]",
+                 count=query("colossalai_gemini_oom_total", (*RANK, "device"),
+                             'value | printf "%.0f"'),
                  memory='{{ if eq $labels.device "cuda" }}GPU memory (CUDA){{ else if eq '
                         '$labels.device "cpu" }}host memory{{ else }}NVMe offload space'
                         "{{ end }}",
@@ -289,8 +293,10 @@ def training(config: RulesConfig) -> RuleFile:
             events_on_any_rank("colossalai_checkpoint_failures_total",
                                th.checkpoint_failure_window, t, n),
             "critical", "A checkpoint save raised an error.",
-            fill('Rank [[$rank]][[of_run]] on [[$instance]]: {{ $value | printf "%.0f" }} '
-                 "checkpoint save(s) failed in the last [[window]].[[died]][[last_error]]",
+            fill("Rank [[$rank]][[of_run]] on [[$instance]]: [[count]] checkpoint save(s) failed "
+                 "since the rank started, the last within [[window]].[[died]][[last_error]]",
+                 count=query("colossalai_checkpoint_failures_total", RANK,
+                             'value | printf "%.0f"'),
                  window=th.checkpoint_failure_window, last_error=_last_error(),
                  died=_since_died()),
             _training_dash()),
@@ -299,9 +305,11 @@ def training(config: RulesConfig) -> RuleFile:
             events_on_any_rank("colossalai_kernel_build_failures_total",
                                th.kernel_failure_window, t, n),
             "critical", "Loading or building a ColossalAI kernel failed.",
-            fill('Rank [[$rank]][[of_run]] on [[$instance]]: {{ $value | printf "%.0f" }} '
-                 "kernel load(s) or JIT build(s) failed in the last [[window]].[[died]]"
+            fill("Rank [[$rank]][[of_run]] on [[$instance]]: [[count]] kernel load(s) or JIT "
+                 "build(s) failed since the rank started, the last within [[window]].[[died]]"
                  "[[last_error]]",
+                 count=query("colossalai_kernel_build_failures_total", RANK,
+                             'value | printf "%.0f"'),
                  window=th.kernel_failure_window, last_error=_last_error(), died=_since_died()),
             _training_dash()),
         Alert(

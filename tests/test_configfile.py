@@ -1,0 +1,89 @@
+"""The config layer every component reads its file through: strict keys, one duration
+grammar, paths relative to the file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from colossalai_exporter.bridge.config import parse_duration as bridge_duration
+from colossalai_exporter.configfile import (
+    ConfigPath,
+    Seconds,
+    Section,
+    load,
+    parse_duration,
+    parse_prometheus_duration,
+)
+from colossalai_exporter.errors import ConfigError
+from colossalai_exporter.probe.config import parse_duration as probe_duration
+from colossalai_exporter.rulesgen.config import Duration
+
+
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("30s", 30), ("5m", 300), ("1h30m", 5400), ("500ms", 0.5), ("1d", 86400), ("2w", 1209600),
+    ("0s", 0), ("1m30s", 90),
+    # the single decimal value with a unit the bridge and prober took before
+    ("1.5s", 1.5), ("0.25m", 15), ("5", 5),
+])
+def test_one_duration_grammar_for_every_config(text: str, seconds: float) -> None:
+    assert parse_duration(text) == pytest.approx(seconds)
+    assert bridge_duration(text) == pytest.approx(seconds)
+    if seconds > 0:  # the prober's timeouts must be positive
+        assert probe_duration(text, "timeout") == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("text", ["", "5 min", "-1s", "1h 30m", "ten", "1.5m30s", "s"])
+def test_what_is_not_a_duration_is_refused_everywhere(text: str) -> None:
+    with pytest.raises(ValueError, match="is not a duration"):
+        parse_duration(text)
+    with pytest.raises(ValueError):
+        bridge_duration(text)
+    with pytest.raises(ConfigError, match="must be a duration"):
+        probe_duration(text, "modules.x.timeout")
+
+
+def test_rule_durations_are_exactly_prometheus_grammar() -> None:
+    # Written into rule files as they are: Prometheus must read them back.
+    assert Duration.parse("1h30m").seconds == parse_prometheus_duration("1h30m") == 5400
+    for text in ("1.5m", "5"):
+        with pytest.raises(ValueError, match="not a Prometheus duration"):
+            Duration.parse(text)
+
+
+class Inner(Section, frozen=True):
+    timeout: Seconds = Seconds(5)
+    folder: ConfigPath | None = None
+
+
+class Outer(Section, frozen=True):
+    inner: Inner = Inner()
+    items: list[Inner] = msgspec.field(default_factory=list)
+
+
+def test_sections_refuse_unknown_keys_at_any_depth_and_name_the_path(tmp_path: Path) -> None:
+    path = tmp_path / "x.yml"
+    for text, message in [
+        ("inner: {timout: 5s}", "inner: unknown key `timout`"),
+        ("items: [{}, {foldr: a}]", "items[1]: unknown key `foldr`"),
+        ("inner: {timeout: 5 min}", "inner.timeout:"),
+        ("inner: {timeout: -3}", "inner.timeout:"),
+        ("inner: {timeout: true}", "inner.timeout:"),
+        ("iner: {}", "unknown key `iner`"),
+    ]:
+        path.write_text(text + "\n")
+        with pytest.raises(ConfigError) as error:
+            load(path, Outer)
+        assert str(error.value).startswith(f"{path}: {message}"), error.value
+
+
+def test_durations_and_paths_relative_to_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "conf" / "x.yml"
+    path.parent.mkdir()
+    path.write_text("inner: {timeout: 1m30s, folder: data}\nitems: [{folder: /abs}]\n")
+    loaded = load(path, Outer)
+    assert loaded.inner.timeout == 90.0
+    assert loaded.inner.folder == str(tmp_path / "conf" / "data")
+    assert loaded.items[0].folder == "/abs"
