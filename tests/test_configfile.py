@@ -39,7 +39,7 @@ def test_one_duration_grammar_for_every_config(text: str, seconds: float) -> Non
 def test_what_is_not_a_duration_is_refused_everywhere(text: str) -> None:
     with pytest.raises(ValueError, match="is not a duration"):
         parse_duration(text)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="is not a duration"):
         bridge_duration(text)
     with pytest.raises(ConfigError, match="must be a duration"):
         probe_duration(text, "modules.x.timeout")
