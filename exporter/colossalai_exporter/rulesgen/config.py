@@ -38,7 +38,8 @@ class Duration:
         except ValueError:
             raise ValueError(f"{text!r} is not a Prometheus duration (like 30s, 5m, "
                              "1h30m)") from None
-        return cls(text, seconds)
+        # Whole seconds stay an int: dashboards write them into JSON as 7200, not 7200.0.
+        return cls(text, int(seconds) if seconds.is_integer() else seconds)
 
     def __str__(self) -> str:
         return self.text
