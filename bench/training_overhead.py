@@ -129,10 +129,10 @@ def main() -> int:
                                           rank=0, step_heartbeat_url=url, heartbeat_every=50)
                 results[f"  + heartbeats, {label}"] = best_ns_per_iter(
                     with_block_loop(beating), args.steps, args.repeats)
-                sent = beating.snapshot()["heartbeats"]["step"]
+                sent = beating.snapshot().heartbeats["step"]
                 beating.close()
-                print(f"heartbeats to the {label} server: {sent['success']} ok, "
-                      f"{sent['failure']} failed", file=sys.stderr)
+                print(f"heartbeats to the {label} server: {sent.success} ok, "
+                      f"{sent.failure} failed", file=sys.stderr)
 
     base = results["bare loop"]
     pair = results["Counter.inc() + Gauge.set()"] - base
