@@ -7,17 +7,18 @@ import contextlib
 import json
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import yaml
 from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from conftest import free_port, http_get, require_binary, run_cli, stop_process, wait_until
+from conftest import REPO, free_port, http_get, require_binary, run_cli, stop_process, wait_until
 
 
 @dataclass
@@ -81,6 +82,32 @@ def running_prometheus(tmp_path: Path, config: str) -> Iterator[Prometheus]:
     with launch_prometheus(config_path, tmp_path / "prometheus-data",
                            tmp_path / "prometheus.log") as prometheus:
         yield prometheus
+
+
+def shipped_alertmanager_config(tmp: Path, webhook_url: Callable[[str], str],
+                                slack_url: Callable[[str], str], token: str,
+                                adjust: Callable[[dict[str, Any]], None]) -> Path:
+    """deploy/alertmanager/alertmanager.yml with its receivers on loopback, written to
+    ``tmp``: each webhook to ``webhook_url(receiver name)`` with ``token`` as its bearer
+    credentials file, each Slack webhook to ``slack_url(receiver name)``; ``adjust``
+    changes the routes' timings. Routes, inhibitions and templates stay as shipped."""
+    source = REPO / "deploy" / "alertmanager"
+    config: dict[str, Any] = yaml.safe_load((source / "alertmanager.yml").read_text())
+    config["templates"] = [str(source / "templates" / "*.tmpl")]
+    adjust(config)
+    credentials = tmp / "bridge-token"
+    credentials.write_text(token)
+    for receiver in config["receivers"]:
+        for hook in receiver.get("webhook_configs", []):
+            hook["url"] = webhook_url(receiver["name"])
+            hook["http_config"]["authorization"]["credentials_file"] = str(credentials)
+        for slack in receiver.get("slack_configs", []):
+            secret = tmp / f"{receiver['name']}-url"
+            secret.write_text(slack_url(receiver["name"]))
+            slack["api_url_file"] = str(secret)
+    path = tmp / "alertmanager.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
 
 
 @contextlib.contextmanager

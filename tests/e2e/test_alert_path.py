@@ -62,7 +62,12 @@ from conftest import (
 )
 from fake_vigilmon import FakeVigilmon, Recorded, fake_vigilmon
 from gpu_helpers import Scenario, gpu
-from prometheus_helpers import Prometheus, launch_prometheus, running_alertmanager
+from prometheus_helpers import (
+    Prometheus,
+    launch_prometheus,
+    running_alertmanager,
+    shipped_alertmanager_config,
+)
 from test_bridge_e2e import TOKEN, BridgeProcess, write_config
 from test_demo import Demo
 
@@ -126,24 +131,14 @@ def prometheus_config(rank0: str, agent: str, prober: str, chat_targets: list[st
 
 def alertmanager_config(tmp: Path, bridge_url: str, slack_url: str) -> Path:
     """deploy/alertmanager/alertmanager.yml on loopback, the Watchdog every 5 s."""
-    source = REPO / "deploy" / "alertmanager"
-    config: dict[str, Any] = yaml.safe_load((source / "alertmanager.yml").read_text())
-    config["templates"] = [str(source / "templates" / "*.tmpl")]
-    watchdog = config["route"]["routes"][0]
-    assert watchdog["receiver"] == "bridge-watchdog"
-    watchdog.update(group_interval="5s", repeat_interval="5s")
-    (tmp / "bridge-token").write_text(TOKEN)
-    for receiver in config["receivers"]:
-        for hook in receiver.get("webhook_configs", []):
-            hook["url"] = f"{bridge_url}/alertmanager"
-            hook["http_config"]["authorization"]["credentials_file"] = str(tmp / "bridge-token")
-        for slack in receiver.get("slack_configs", []):
-            secret = tmp / f"{receiver['name']}-url"
-            secret.write_text(f"{slack_url}/{receiver['name']}")
-            slack["api_url_file"] = str(secret)
-    path = tmp / "alertmanager.yml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    def watchdog_every_5s(config: dict[str, Any]) -> None:
+        watchdog = config["route"]["routes"][0]
+        assert watchdog["receiver"] == "bridge-watchdog"
+        watchdog.update(group_interval="5s", repeat_interval="5s")
+
+    return shipped_alertmanager_config(tmp, lambda name: f"{bridge_url}/alertmanager",
+                                       lambda name: f"{slack_url}/{name}", TOKEN,
+                                       watchdog_every_5s)
 
 
 def training(workdir: Path, port: int, master_port: int, env: dict[str, str]) -> Demo:

@@ -29,9 +29,15 @@ import requests
 import yaml
 
 from colossalai_exporter.training.snapshot import Snapshot, read_snapshot, snapshot_path
-from conftest import REPO, ServerProcess, cli_env, free_port, wait_until
+from conftest import ServerProcess, cli_env, free_port, wait_until
 from fake_vigilmon import FakeVigilmon, Recorded
-from prometheus_helpers import Prometheus, launch_prometheus, render_rules, running_alertmanager
+from prometheus_helpers import (
+    Prometheus,
+    launch_prometheus,
+    render_rules,
+    running_alertmanager,
+    shipped_alertmanager_config,
+)
 
 INTERVAL = 1.0  # Prometheus' scrape and evaluation interval in the suite
 # The documented override mechanism (docs/rules.md): shorter `for` windows, so that
@@ -52,25 +58,15 @@ TRAIN_SCRIPT = Path(__file__).with_name("train.py")
 
 def alertmanager_config(tmp: Path, receiver_url: str) -> Path:
     """deploy/alertmanager/alertmanager.yml with loopback receivers and 1 s group waits."""
-    source = REPO / "deploy" / "alertmanager"
-    config: dict[str, Any] = yaml.safe_load((source / "alertmanager.yml").read_text())
-    config["templates"] = [str(source / "templates" / "*.tmpl")]
-    config["route"]["group_wait"] = GROUP_WAIT
-    for route in config["route"]["routes"]:
-        route["group_wait"] = "0s" if route.get("receiver") == "bridge-watchdog" else GROUP_WAIT
-    token = tmp / "bridge-token"
-    token.write_text("faults")
-    for receiver in config["receivers"]:
-        for hook in receiver.get("webhook_configs", []):
-            hook["url"] = f"{receiver_url}/bridge/{receiver['name']}"
-            hook["http_config"]["authorization"]["credentials_file"] = str(token)
-        for slack in receiver.get("slack_configs", []):
-            secret = tmp / f"{receiver['name']}-url"
-            secret.write_text(f"{receiver_url}/slack/{receiver['name']}")
-            slack["api_url_file"] = str(secret)
-    path = tmp / "alertmanager.yml"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    def short_waits(config: dict[str, Any]) -> None:
+        config["route"]["group_wait"] = GROUP_WAIT
+        for route in config["route"]["routes"]:
+            route["group_wait"] = "0s" if route.get("receiver") == "bridge-watchdog" \
+                else GROUP_WAIT
+
+    return shipped_alertmanager_config(tmp, lambda name: f"{receiver_url}/bridge/{name}",
+                                       lambda name: f"{receiver_url}/slack/{name}", "faults",
+                                       short_waits)
 
 
 def prometheus_config(tmp: Path, rules: Path, alertmanager: str, rank0: str,
