@@ -43,8 +43,6 @@ builds ``--wrk-requests`` distinct notifications before the clock starts. The
 Python client stays the default so that results stay comparable with the
 earlier ones in bench/RESULTS.md.
 
-``--http h11`` runs both servers on uvicorn's h11 protocol instead of httptools
-(the project's), for comparison with results from before the switch.
 """
 
 from __future__ import annotations
@@ -331,14 +329,14 @@ async def do_nothing(scope: dict[str, Any], receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"{}"})
 
 
-def noop_main(port: int, protocol: str) -> None:
+def noop_main(port: int) -> None:
     from colossalai_exporter.web import serve, stop_on_signals
 
     stop = stop_on_signals()
-    serve(do_nothing, f"127.0.0.1:{port}", name="do-nothing", protocol=protocol).wait(stop)
+    serve(do_nothing, f"127.0.0.1:{port}", name="do-nothing").wait(stop)
 
 
-def app_route_main(port: int, protocol: str) -> None:
+def app_route_main(port: int) -> None:
     """The project's App with the bridge's guards and a route that stores nothing."""
     from colossalai_exporter.bridge.app import INGEST_PATH, bearer_guard, content_type_guard
     from colossalai_exporter.web import (
@@ -363,18 +361,13 @@ def app_route_main(port: int, protocol: str) -> None:
 
     app.add_route(INGEST_PATH, route, ("POST",), guard=guard)
     stop = stop_on_signals()
-    serve(app, f"127.0.0.1:{port}", name="app-route", protocol=protocol).wait(stop)
+    serve(app, f"127.0.0.1:{port}", name="app-route").wait(stop)
 
 
-def bridge_main(protocol: str, argv: list[str]) -> int:
-    """The bridge's own CLI, with every server on ``protocol`` (a benchmark-only switch:
-    the product has no flag for it, it always runs the project's default)."""
-    import functools
-
-    from colossalai_exporter.bridge import runtime
+def bridge_main(argv: list[str]) -> int:
+    """The bridge's own CLI."""
     from colossalai_exporter.cli import main as cli_main
 
-    runtime.serve = functools.partial(runtime.serve, protocol=protocol)  # type: ignore[assignment]
     return cli_main(argv)
 
 
@@ -485,10 +478,10 @@ def write_config(workdir: Path, sink_port: int) -> Path:
     return path
 
 
-def start_bridge(config: Path, port: int, log: Path, protocol: str) -> subprocess.Popen[bytes]:
+def start_bridge(config: Path, port: int, log: Path) -> subprocess.Popen[bytes]:
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [sys.executable, __file__, "_bridge", protocol, "bridge", "--config.file",
+            [sys.executable, __file__, "_bridge", "bridge", "--config.file",
              str(config), "--web.listen-address", f"127.0.0.1:{port}", "--log.level",
              "error"], stdout=out, stderr=subprocess.STDOUT, env=env())
     wait_http(f"http://127.0.0.1:{port}/metrics", proc)
@@ -558,7 +551,7 @@ def measure_server(mode: str, number: int, args: argparse.Namespace,
                    workdir: Path) -> dict[str, float]:
     """Start the ``_noop`` or ``_app_route`` server, load it, stop it."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, __file__, mode, str(port), args.http], env=env())
+    proc = subprocess.Popen([sys.executable, __file__, mode, str(port)], env=env())
     try:
         wait_http(f"http://127.0.0.1:{port}/", proc)
         return load(proc, port, number, args, workdir)
@@ -577,7 +570,7 @@ def one_round(number: int, args: argparse.Namespace, workdir: Path) -> dict[str,
     sink_port = free_port()  # nothing listens yet: the targets are down during ingest
     config = write_config(rdir, sink_port)
     bridge_port = free_port()
-    bridge = start_bridge(config, bridge_port, rdir / "bridge.log", args.http)
+    bridge = start_bridge(config, bridge_port, rdir / "bridge.log")
     try:
         ours = load(bridge, bridge_port, number, args, workdir, stores=True)
         received = metric(bridge_port, "colossalai_bridge_notifications_received_total")
@@ -590,7 +583,7 @@ def one_round(number: int, args: argparse.Namespace, workdir: Path) -> dict[str,
     sink = subprocess.Popen([*me, "_sink", str(sink_port)], env=env())
     try:
         wait_http(f"http://127.0.0.1:{sink_port}/stats", sink)
-        bridge = start_bridge(config, bridge_port, rdir / "bridge.log", args.http)
+        bridge = start_bridge(config, bridge_port, rdir / "bridge.log")
         try:
             deadline = time.monotonic() + 600
             while True:
@@ -624,9 +617,6 @@ def main() -> int:
                         help="concurrent keep-alive client connections")
     parser.add_argument("--app-route", action="store_true",
                         help="also measure the App with a route that stores nothing")
-    parser.add_argument("--http", choices=("httptools", "h11"), default="httptools",
-                        help="uvicorn protocol of both servers (httptools: what the "
-                        "project serves on)")
     parser.add_argument("--client", choices=("python", "wrk"), default="python",
                         help="load generator: this script's asyncio client, or wrk")
     parser.add_argument("--duration", type=float, default=5.0,
@@ -644,7 +634,7 @@ def main() -> int:
             else f"Python client, {args.notifications} timed notifications per run after "
             f"{args.warmup} warm-up")
     print(f"{os.cpu_count()} cores, Python {sys.version.split()[0]}; {runs}, "
-          f"{args.connections} keep-alive connections, HTTP protocol {args.http}; "
+          f"{args.connections} keep-alive connections; "
           f"request size median "
           f"{statistics.median(sizes):.0f} B "
           f"(max {max(sizes)}), alerts per notification mean {statistics.mean(alerts):.1f}\n")
@@ -696,11 +686,11 @@ if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "_client":
         client_main(json.loads(sys.argv[2]))
     elif len(sys.argv) > 1 and sys.argv[1] == "_noop":
-        noop_main(int(sys.argv[2]), sys.argv[3])
+        noop_main(int(sys.argv[2]))
     elif len(sys.argv) > 1 and sys.argv[1] == "_app_route":
-        app_route_main(int(sys.argv[2]), sys.argv[3])
+        app_route_main(int(sys.argv[2]))
     elif len(sys.argv) > 1 and sys.argv[1] == "_bridge":
-        sys.exit(bridge_main(sys.argv[2], sys.argv[3:]))
+        sys.exit(bridge_main(sys.argv[2:]))
     elif len(sys.argv) > 1 and sys.argv[1] == "_sink":
         sink_main(int(sys.argv[2]))
     else:

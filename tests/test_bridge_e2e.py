@@ -71,9 +71,11 @@ def server_process(tmp_path: Path) -> Iterator[Start]:
     started: list[BridgeProcess] = []
 
     def start(config: Path, *, env: dict[str, str] | None = None,
-              web_config: Path | None = None, ready: bool = True) -> BridgeProcess:
+              web_config: Path | None = None, ready: bool = True,
+              extra_args: list[str] | None = None) -> BridgeProcess:
         port = free_port()
         extra = ["--web.config.file", str(web_config)] if web_config else []
+        extra += extra_args or []
         proc = BridgeProcess(["bridge", "--config.file", str(config),
                               "--web.listen-address", f"127.0.0.1:{port}", *extra], port,
                              tmp_path / f"bridge-{len(started)}.log", env,
@@ -154,6 +156,9 @@ def test_bad_inputs_get_their_status_and_the_bridge_keeps_serving(
         (good, {**AUTH, "Authorization": "Bearer wrong"}, 401, "unauthorized"),
         (good, {**AUTH, "Authorization": f"Basic {TOKEN}"}, 401, "unauthorized"),
         (good, {**AUTH, "Content-Type": "text/plain"}, 415, "unsupported_media_type"),
+        # Strict JSON, and a 400 for a number Python's json would refuse with a 500.
+        (good[:-1] + b', "x": NaN}', AUTH, 400, "malformed_json"),
+        (good[:-1] + b', "x": ' + b"9" * 5000 + b"}", AUTH, 400, "invalid_value"),
     ]
     for payload, headers, status, reason in cases:
         response = post(bridge, payload, headers)
@@ -161,6 +166,13 @@ def test_bad_inputs_get_their_status_and_the_bridge_keeps_serving(
         assert response.json()["error"] == reason
         assert response.json()["message"]
     assert requests.get(bridge.url + "/alertmanager", timeout=5).status_code == 405
+    # Alertmanager's url written with a trailing slash: the same route, not a 404.
+    slash = requests.post(bridge.url + "/alertmanager/", data=good, headers=AUTH, timeout=10)
+    assert slash.status_code == 200, slash.text
+    # Refused by the HTTP layer, before any route: counted too.
+    with socket.create_connection(("127.0.0.1", bridge.port), timeout=5) as sock:
+        sock.sendall(b"POST /alertmanager HTTP/1.1\r\nNo colon here\r\n\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 400 ")
 
     # 10 MB declared up front: refused without reading it.
     conn = http.client.HTTPConnection("127.0.0.1", bridge.port, timeout=10)
@@ -192,14 +204,14 @@ def test_bad_inputs_get_their_status_and_the_bridge_keeps_serving(
     slow.close()
 
     assert http_get(bridge.url + "/health")[0] == 200
-    for reason, count in [("malformed_json", 2), ("invalid_utf8", 1), ("unauthorized", 3),
+    for reason, count in [("malformed_json", 3), ("invalid_utf8", 1), ("unauthorized", 3),
                           ("unsupported_media_type", 1), ("too_large", 2),
                           ("unknown_version", 1), ("missing_field", 1), ("invalid_type", 1),
-                          ("body_timeout", 1), ("method_not_allowed", 1),
-                          ("store_unavailable", 0)]:
+                          ("invalid_value", 1), ("body_timeout", 1), ("method_not_allowed", 1),
+                          ("bad_request", 1), ("head_too_large", 0), ("store_unavailable", 0)]:
         assert metric(bridge, "colossalai_bridge_notifications_rejected_total",
                       reason=reason) == count, reason
-    assert metric(bridge, "colossalai_bridge_notifications_received_total") == 2
+    assert metric(bridge, "colossalai_bridge_notifications_received_total") == 3
     vigilmon.wait_for("/hook", 2)
     exposition = http_get(bridge.url + "/metrics")[2]
     lint = subprocess.run([require_binary("promtool"), "check", "metrics"], input=exposition,
@@ -379,6 +391,28 @@ def test_heartbeat_newest_only_ttl_and_min_interval(
     assert post(bridge, body(alert(status="resolved"))).status_code == 200
     vigilmon.wait_for("/api/heartbeat/tok/fail", 1)
     assert http_get(bridge.url + "/health")[0] == 200
+
+
+def test_no_log_line_carries_a_target_url_even_at_debug(
+        server_process: Start, tmp_path: Path, vigilmon: FakeVigilmon) -> None:
+    """A heartbeat URL holds its token; urllib3 logs each URL at debug (a retried one's
+    path at warning), so the bridge keeps urllib3 to errors and logs URLs redacted."""
+    token = "s3cr3t-heartbeat-token"
+    config = write_config(tmp_path / "bridge.yml", tmp_path / "state", [
+        {"name": "watchdog", "type": "heartbeat", "url": vigilmon.heartbeat_url(token),
+         "timeout": "500ms"}])
+    bridge = server_process(config, extra_args=["--log.level", "debug"])
+    vigilmon.set(status=500)  # a failed delivery is logged (and retried)
+    assert post(bridge, body(alert())).status_code == 200
+    wait_until(lambda: metric(bridge, "colossalai_bridge_deliveries_total", target="watchdog",
+                              result="status") or None, timeout=10, what="a failed ping")
+    vigilmon.set(status=200)
+    vigilmon.wait_for(f"/api/heartbeat/{token}", 1)
+    wait_until(lambda: metric(bridge, "colossalai_bridge_deliveries_total", target="watchdog",
+                              result="success") or None, timeout=10, what="the ping")
+    log = bridge.output()
+    assert "level=debug" in log, log[-2000:]
+    assert token not in log, [line for line in log.splitlines() if token in line]
 
 
 def test_health_heartbeat_pauses_while_firing_and_the_pause_survives_kill_9(

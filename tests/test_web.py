@@ -162,16 +162,12 @@ def still_serving(handle: web_server.ServerHandle) -> bool:
         return response.status == 200
 
 
-PROTOCOLS = ["httptools", "h11"]
-
-
-@pytest.mark.parametrize("protocol", PROTOCOLS)
 def test_silent_client_is_disconnected_after_header_timeout(
-        protocol: str, monkeypatch: pytest.MonkeyPatch,
+        monkeypatch: pytest.MonkeyPatch,
         stop_later: list[web_server.ServerHandle]) -> None:
     monkeypatch.setattr(web_server, "HEADER_TIMEOUT_SECONDS", 0.3)
     app, config = hello_app()
-    handle = serve(app, "127.0.0.1:0", config, protocol=protocol)  # type: ignore[arg-type]
+    handle = serve(app, "127.0.0.1:0", config)
     stop_later.append(handle)
     with socket.create_connection(("127.0.0.1", handle.port), timeout=5) as sock:
         sock.sendall(b"GET /hello HTTP/1.1\r\nHost: x\r\n")  # head never finished
@@ -207,18 +203,15 @@ def test_every_head_on_a_kept_alive_connection_has_a_deadline(
         assert time.monotonic() - start < 2.5
 
 
-@pytest.mark.parametrize(("protocol", "trickled", "status"), [
-    ("httptools", False, 431), ("httptools", True, 431),
-    # h11 caps only what it buffers of an incomplete head: one read holding a whole
-    # larger head passes (asyncio reads up to 256 KiB at a time).
-    ("h11", True, 400),
-])
-def test_oversized_request_head_is_refused(protocol: str, status: int, trickled: bool,
+@pytest.mark.parametrize("trickled", [False, True])
+def test_oversized_request_head_is_refused(trickled: bool,
                                            stop_later: list[web_server.ServerHandle]) -> None:
-    """Over MAX_HEAD_BYTES a head is refused (httptools: 431 as Go's net/http; h11: 400)
-    and the connection closed, whether it comes at once or never completes."""
+    """Over MAX_HEAD_BYTES a head is refused (431, as Go's net/http) and the connection
+    closed, whether it comes at once or never completes; on_refused is told."""
+    status = 431
     app, config = hello_app()
-    handle = serve(app, "127.0.0.1:0", config, protocol=protocol)  # type: ignore[arg-type]
+    refused: list[str] = []
+    handle = serve(app, "127.0.0.1:0", config, on_refused=refused.append)
     stop_later.append(handle)
     big = b"a" * (web_server.MAX_HEAD_BYTES + 1024)
     with socket.create_connection(("127.0.0.1", handle.port), timeout=5) as sock:
@@ -239,6 +232,7 @@ def test_oversized_request_head_is_refused(protocol: str, status: int, trickled:
         if answer:
             assert answer.startswith(f"HTTP/1.1 {status} ".encode()), answer[:100]
     assert still_serving(handle)
+    assert refused == ["head_too_large"]
 
 
 def test_a_large_head_under_the_cap_is_served(stop_later: list[web_server.ServerHandle]) -> None:
@@ -258,30 +252,30 @@ def test_a_large_head_under_the_cap_is_served(stop_later: list[web_server.Server
         assert recv_response(sock)[0].startswith(b"HTTP/1.1 200 ")
 
 
-@pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("garbage", [
     b"NOT A REQUEST\r\n\r\n",
     b"GET / HTTP/1.1\r\nNo colon\r\n\r\n",
     b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03",
 ])
 def test_malformed_request_gets_400_and_the_server_keeps_serving(
-        protocol: str, garbage: bytes, stop_later: list[web_server.ServerHandle]) -> None:
+        garbage: bytes, stop_later: list[web_server.ServerHandle]) -> None:
     app, config = hello_app()
-    handle = serve(app, "127.0.0.1:0", config, protocol=protocol)  # type: ignore[arg-type]
+    refused: list[str] = []
+    handle = serve(app, "127.0.0.1:0", config, on_refused=refused.append)
     stop_later.append(handle)
     with socket.create_connection(("127.0.0.1", handle.port), timeout=5) as sock:
         sock.sendall(garbage)  # the last: a TLS ClientHello sent to a plain-HTTP port
         assert recv_all(sock).startswith(b"HTTP/1.1 400 ")
     assert still_serving(handle)
+    assert refused == ["bad_request"]
 
 
-@pytest.mark.parametrize("protocol", PROTOCOLS)
 @pytest.mark.parametrize("upgrade", [b"websocket", b"h2c"])
 def test_an_upgrade_request_is_served_as_http_without_warnings(
-        protocol: str, upgrade: bytes, stop_later: list[web_server.ServerHandle],
+        upgrade: bytes, stop_later: list[web_server.ServerHandle],
         caplog: pytest.LogCaptureFixture) -> None:
     app, config = hello_app()
-    handle = serve(app, "127.0.0.1:0", config, protocol=protocol)  # type: ignore[arg-type]
+    handle = serve(app, "127.0.0.1:0", config)
     stop_later.append(handle)
     with caplog.at_level("DEBUG", logger="uvicorn"), \
             socket.create_connection(("127.0.0.1", handle.port), timeout=5) as sock:
@@ -295,12 +289,10 @@ def test_an_upgrade_request_is_served_as_http_without_warnings(
     assert any("ignored a request's Upgrade header" in message for _, message in logged)
 
 
-@pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_head_requests_and_keep_alive(protocol: str,
-                                      stop_later: list[web_server.ServerHandle]) -> None:
+def test_head_requests_and_keep_alive(stop_later: list[web_server.ServerHandle]) -> None:
     """HEAD: the GET's headers (length included) and no body; the connection goes on."""
     app, config = hello_app()
-    handle = serve(app, "127.0.0.1:0", config, protocol=protocol)  # type: ignore[arg-type]
+    handle = serve(app, "127.0.0.1:0", config)
     stop_later.append(handle)
     with socket.create_connection(("127.0.0.1", handle.port), timeout=5) as sock:
         sock.sendall(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
@@ -317,8 +309,7 @@ def test_head_requests_and_keep_alive(protocol: str,
         assert recv_response(sock)[1] == get_body
 
 
-@pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_stop_finishes_the_request_in_flight(protocol: str) -> None:
+def test_stop_finishes_the_request_in_flight() -> None:
     config = load_web_config(None)
     app = App(authenticator=BasicAuthenticator(config.basic_auth_users))
     entered = threading.Event()
@@ -329,7 +320,7 @@ def test_stop_finishes_the_request_in_flight(protocol: str) -> None:
         return json_response(200, {"slow": True})
 
     app.add_route("/slow", slow)  # type: ignore[arg-type]
-    handle = serve(app, "127.0.0.1:0", config, protocol=protocol)
+    handle = serve(app, "127.0.0.1:0", config)
     answers: list[int] = []
 
     def client() -> None:
@@ -344,11 +335,6 @@ def test_stop_finishes_the_request_in_flight(protocol: str) -> None:
     assert answers == [200]
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", handle.port), timeout=2).close()
-
-
-def test_unknown_protocol_name_is_refused() -> None:
-    with pytest.raises(ValueError, match="unknown HTTP protocol"):
-        web_server.protocol_class("h2")
 
 
 @pytest.mark.parametrize(("text", "needle"), [

@@ -344,6 +344,7 @@ BRIDGE: tuple[Metric, ...] = (
        component="bridge"),
     _m("colossalai_bridge_notifications_rejected_total", "counter",
        "Alertmanager notifications refused, by reason (every reason pre-created at 0): "
+       "bad_request and head_too_large (a malformed or oversized HTTP head, to any path), "
        "unauthorized, unsupported_media_type, too_large, body_timeout, method_not_allowed, "
        "store_unavailable, invalid_utf8, malformed_json, unknown_version, missing_field, "
        "invalid_type, invalid_value.", ("reason",), component="bridge"),

@@ -3,6 +3,8 @@
 Why ``/alertmanager``: the path names the one sender whose format it speaks
 (webhook version 4), as Alertmanager's own receiver names the receiving side;
 a second format would get its own path rather than sniffing bodies.
+``/alertmanager/`` is the same route: a receiver URL written with the slash
+must not become a 404 that Alertmanager drops without retrying.
 
 The ingest route answers 200 only after the notification and all its
 deliveries are committed to SQLite (``synchronous=FULL``); if that fails it
@@ -40,6 +42,7 @@ from colossalai_exporter.web.auth import BasicAuthenticator, constant_time_equal
 
 log = logging.getLogger(__name__)
 INGEST_PATH = "/alertmanager"
+INGEST_PATHS = (INGEST_PATH, INGEST_PATH + "/")
 JSON_TYPES = ("application/json",)
 # Bodies up to this size are parsed on the event loop (about 0.2 ms for a typical
 # notification of 4 KB and a few alerts); larger ones in a worker thread.
@@ -149,7 +152,7 @@ class Bridge:
 
     def observe(self, request: Request, response: Response) -> None:
         """Count refused notifications by the reason their error body names."""
-        if request.path != INGEST_PATH or response.status < 400:
+        if request.path not in INGEST_PATHS or response.status < 400:
             return
         try:
             reason = str(json.loads(response.body).get("error", "other"))
@@ -199,7 +202,8 @@ def build_app(bridge: Bridge, authenticator: BasicAuthenticator | None = None) -
     guards: list[Callable[[Request], Response | None]] = [content_type_guard]
     if bridge.config.bearer_token:
         guards.insert(0, bearer_guard(bridge.config.bearer_token))
-    app.add_route(INGEST_PATH, bridge.ingest, ("POST",), guard=_chain(*guards))
+    for path in INGEST_PATHS:
+        app.add_route(path, bridge.ingest, ("POST",), guard=_chain(*guards))
     app.add_route("/metrics", lambda request: metrics_response(bridge.registry, request))
     app.add_route("/health", bridge.health)
     app.add_route("/", lambda request: json_response(200, {

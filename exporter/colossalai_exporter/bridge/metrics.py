@@ -23,8 +23,11 @@ from colossalai_exporter.bridge.sender import RESULTS
 from colossalai_exporter.bridge.store import Store, StoreError
 
 # Every reason a notification can be refused for (label values pre-created at 0).
-REJECT_REASONS = ("unauthorized", "unsupported_media_type", "too_large", "body_timeout",
-                  "method_not_allowed", "store_unavailable", *PAYLOAD_REASONS)
+# bad_request and head_too_large are refused by the HTTP layer, before a path is
+# known: they count requests to any path of the bridge.
+REJECT_REASONS = ("bad_request", "head_too_large", "unauthorized", "unsupported_media_type",
+                  "too_large", "body_timeout", "method_not_allowed", "store_unavailable",
+                  *PAYLOAD_REASONS)
 DROP_REASONS = ("superseded", "expired")
 
 

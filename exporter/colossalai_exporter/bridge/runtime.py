@@ -71,7 +71,8 @@ class BridgeRuntime:
         self._maintenance.start()
         authenticator = BasicAuthenticator(self.web_config.basic_auth_users)
         app = build_app(self.bridge, authenticator)
-        self.server = serve(app, listen_address, self.web_config, name="bridge")
+        self.server = serve(app, listen_address, self.web_config, name="bridge",
+                            on_refused=self.bridge.stats.add_rejected)
         return self.server
 
     def _maintain(self) -> None:

@@ -1,8 +1,9 @@
 """Run an ASGI app under uvicorn, on a socket bound before anything else starts.
 
 uvicorn runs its httptools protocol (llhttp, a C parser), with a deadline and a
-size cap on every request head and TCP_NODELAY (:class:`HttpToolsServerProtocol`);
-its h11 protocol, with the same protections, on request (``protocol="h11"``).
+size cap on every request head and TCP_NODELAY (:class:`HttpToolsServerProtocol`).
+Its pure-Python h11 protocol is not used: about a quarter of the requests per
+second, and a head cap only for heads that arrive in pieces.
 
 Binding the socket ourselves turns a busy port or a bad address into one
 readable :class:`ConfigError` (uvicorn itself would log and ``sys.exit(1)``),
@@ -16,6 +17,7 @@ import logging
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
 from typing import Any
@@ -67,10 +69,11 @@ class IgnoresUpgrades:
 
 
 class HttpToolsServerProtocol(IgnoresUpgrades, HttpToolsProtocol):
-    """uvicorn's httptools protocol (llhttp, a C parser) with the h11 protocol's protections.
+    """uvicorn's httptools protocol (llhttp, a C parser) with Go's ``http.Server`` protections.
 
-    About four times the requests per second of h11 on the same app, which is most
-    of a scrape's HTTP cost (bench/RESULTS.md). What it adds to uvicorn's:
+    About four times the requests per second of uvicorn's h11 protocol on the same
+    app, which is most of a scrape's HTTP cost (bench/RESULTS.md). What it adds to
+    uvicorn's:
 
     * TCP_NODELAY (see :func:`set_nodelay`).
     * A deadline for every request head, as Go's ``http.Server.ReadHeaderTimeout``:
@@ -88,6 +91,10 @@ class HttpToolsServerProtocol(IgnoresUpgrades, HttpToolsProtocol):
       parser hands over (a whole oversized head in one read), and every read that
       ends with a head still incomplete (what httptools is buffering unseen).
     """
+
+    #: Told the reason (``bad_request``, ``head_too_large``) of every request this
+    #: layer refuses before the app sees it; see :func:`serve`'s ``on_refused``.
+    on_refused: Callable[[str], None] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -163,9 +170,18 @@ class HttpToolsServerProtocol(IgnoresUpgrades, HttpToolsProtocol):
         if self._head_refused:
             self._refuse_head()
         else:
+            self._tell_refused("bad_request")
             super().send_400_response(msg)
 
+    def _tell_refused(self, reason: str) -> None:
+        if self.on_refused is not None:
+            try:
+                self.on_refused(reason)
+            except Exception:
+                self.logger.exception("on_refused failed")
+
     def _refuse_head(self) -> None:
+        self._tell_refused("head_too_large")
         msg = f"request head over {MAX_HEAD_BYTES} bytes"
         self.logger.warning("Refused a request head over %d bytes.", MAX_HEAD_BYTES)
         content = [STATUS_LINE[431]]
@@ -176,18 +192,6 @@ class HttpToolsServerProtocol(IgnoresUpgrades, HttpToolsProtocol):
                         b"\r\n", msg.encode("ascii")])
         self.transport.write(b"".join(content))
         self.transport.close()
-
-
-def protocol_class(name: str) -> type[asyncio.Protocol]:
-    """The server protocol ``serve(protocol=name)`` runs: ``httptools`` or ``h11``."""
-    if name == "httptools":
-        return HttpToolsServerProtocol
-    if name == "h11":
-        # Imported only when asked for: h11 costs about 20 ms of start-up.
-        from colossalai_exporter.web.h11_protocol import H11ServerProtocol
-
-        return H11ServerProtocol
-    raise ValueError(f"unknown HTTP protocol {name!r} (httptools or h11)")
 
 
 LISTEN_OPTION = "--web.listen-address"
@@ -286,16 +290,18 @@ def stop_on_signals() -> threading.Event:
 
 
 def serve(app: Any, listen_address: str, web_config: WebConfig | None = None,
-          *, name: str = "http",
-          protocol: str | type[asyncio.Protocol] = "httptools",
-          option: str = LISTEN_OPTION) -> ServerHandle:
+          *, name: str = "http", option: str = LISTEN_OPTION,
+          on_refused: Callable[[str], None] | None = None) -> ServerHandle:
     """Start ``app`` on ``listen_address`` in a background thread and return its handle.
 
-    ``protocol`` is ``"httptools"`` (the default, the faster parser), ``"h11"`` (pure
-    Python), or a protocol class; both named ones carry the same protections.
     ``option``: how the user sets ``listen_address``, for error messages.
+    ``on_refused``: told the reason of each request refused before it reached the
+    app (a malformed or oversized head), which no route and no observer sees.
     """
-    http = protocol_class(protocol) if isinstance(protocol, str) else protocol
+    http: type[HttpToolsServerProtocol] = HttpToolsServerProtocol
+    if on_refused is not None:
+        http = type("RefusalCountingProtocol", (HttpToolsServerProtocol,),
+                    {"on_refused": staticmethod(on_refused)})
     web_config = web_config or WebConfig()
     sock = bind_socket(listen_address, option)
     ssl_context = web_config.tls.ssl_context() if web_config.tls else None
@@ -309,7 +315,6 @@ def serve(app: Any, listen_address: str, web_config: WebConfig | None = None,
         server_header=False,
         timeout_keep_alive=int(KEEP_ALIVE_SECONDS),
         timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN_SECONDS),
-        h11_max_incomplete_event_size=MAX_HEAD_BYTES,  # the h11 protocol's head cap
     )
     config.load()
     # Our own context carries min_version and client-certificate settings that
