@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from colossalai_exporter import checkout
 from colossalai_exporter.catalogue import CATALOGUE, COMPONENT_TITLES, Metric
 from colossalai_exporter.generated import write_or_check
 
@@ -41,8 +42,7 @@ def render() -> str:
 
 
 def default_path() -> Path:
-    # exporter/colossalai_exporter/docsgen.py -> repository root
-    return Path(__file__).resolve().parents[2] / "docs" / "metrics.md"
+    return checkout.require_checkout("docs") / "docs" / "metrics.md"
 
 
 def main(argv: list[str]) -> int:

@@ -25,11 +25,12 @@ from typing import Any
 
 import yaml
 
+from colossalai_exporter import checkout
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.flags import ArgumentParser
 from colossalai_exporter.generated import write_or_check
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = checkout.REPO
 DEFAULT_DASHBOARDS = REPO / "grafana" / "dashboards"
 DEFAULT_OUTPUT = REPO / "deploy" / "kubernetes" / "dashboards.yaml"
 PROG = "python -m colossalai_exporter.k8s_dashboards"

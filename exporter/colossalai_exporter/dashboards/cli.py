@@ -15,16 +15,17 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from colossalai_exporter import checkout
 from colossalai_exporter.dashboards import chat, nodes, training
 from colossalai_exporter.dashboards.dashboard import Dashboard
 from colossalai_exporter.flags import ArgumentParser
 from colossalai_exporter.generated import write_or_check
 from colossalai_exporter.rulesgen import config as rules_config
 from colossalai_exporter.rulesgen import rules
-from colossalai_exporter.rulesgen.cli import DEFAULT_CONFIG, REPO
+from colossalai_exporter.rulesgen.cli import DEFAULT_CONFIG
 from colossalai_exporter.rulesgen.config import RulesConfig
 
-DEFAULT_OUTPUT_DIR = REPO / "grafana" / "dashboards"
+DEFAULT_OUTPUT_DIR = checkout.output_dir("grafana/dashboards", "dashboards")
 
 BUILDERS: tuple[Callable[[RulesConfig], Dashboard], ...] = (training.build, nodes.build,
                                                            chat.build)
@@ -52,11 +53,12 @@ def main(argv: list[str]) -> int:
                             description="Write the Grafana dashboards from their Python source.")
     parser.add_argument("--config.file", dest="config_file", type=Path, default=DEFAULT_CONFIG,
                         metavar="PATH", help="rules config with thresholds and selectors "
-                                             "(default: rules/config.yml)")
+                                             "(default: the shipped rules/config.yml)")
     parser.add_argument("--override", action="append", type=Path, default=[], metavar="PATH",
                         help="YAML merged over the rules config; repeatable")
     parser.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR, metavar="DIR",
-                        help="where the <uid>.json files go (default: grafana/dashboards/)")
+                        help="where the <uid>.json files go (default: grafana/dashboards/ "
+                             "in a source checkout, ./dashboards when installed)")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 when a file differs from what would be written")
     args = parser.parse_args(argv)

@@ -39,10 +39,10 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
+from colossalai_exporter.checkout import REPO
 from colossalai_exporter.dashboards import jsonmodel
 from colossalai_exporter.dashboards.interpolate import Value, builtins, interpolate
 from colossalai_exporter.dashboards.query import Prometheus, QueryError, Series, resolve_variables
-from colossalai_exporter.rulesgen.cli import REPO
 
 DEFAULT_DASHBOARDS_DIR = REPO / "grafana" / "dashboards"
 DEFAULT_OUTPUT_DIR = REPO / "docs" / "dashboards"

@@ -12,16 +12,18 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from colossalai_exporter import checkout
 from colossalai_exporter.flags import ArgumentParser
 from colossalai_exporter.generated import write_or_check
 from colossalai_exporter.rulesgen import config as rules_config
 from colossalai_exporter.rulesgen import render, rules
 
-# exporter/colossalai_exporter/rulesgen/cli.py -> repository root
-REPO = Path(__file__).resolve().parents[3]
-DEFAULT_CONFIG = REPO / "rules" / "config.yml"
-DEFAULT_RULES_DIR = REPO / "rules"
-DEFAULT_KUBERNETES = REPO / "deploy" / "kubernetes" / "prometheusrule.yaml"
+# In a checkout the repository's files; installed, the wheel's config and outputs in
+# the working directory, with no PrometheusRule unless asked for (checkout.py).
+DEFAULT_CONFIG = checkout.rules_config()
+DEFAULT_RULES_DIR = checkout.output_dir("rules", "rules")
+DEFAULT_KUBERNETES: Path | None = (checkout.REPO / "deploy" / "kubernetes" /
+                                   "prometheusrule.yaml" if checkout.in_checkout() else None)
 
 
 def generate(config_path: Path = DEFAULT_CONFIG, overrides: list[Path] | None = None,
@@ -36,14 +38,17 @@ def main(argv: list[str]) -> int:
     parser = ArgumentParser(prog="colossalai-exporter rules",
                             description="Render alerting and recording rules from one config.")
     parser.add_argument("--config.file", dest="config_file", type=Path, default=DEFAULT_CONFIG,
-                        metavar="PATH", help="rules config (default: rules/config.yml)")
+                        metavar="PATH", help="rules config (default: the shipped one, "
+                                             "rules/config.yml)")
     parser.add_argument("--override", action="append", type=Path, default=[], metavar="PATH",
                         help="YAML merged over the config (any subset of its keys); repeatable")
     parser.add_argument("--output-dir", type=Path, default=DEFAULT_RULES_DIR, metavar="DIR",
                         help="where the *.rules.yml files go (default: rules/)")
-    parser.add_argument("--kubernetes-output", default=str(DEFAULT_KUBERNETES), metavar="PATH",
-                        help="the PrometheusRule file; '' to skip "
-                             "(default: deploy/kubernetes/prometheusrule.yaml)")
+    parser.add_argument("--kubernetes-output", default=str(DEFAULT_KUBERNETES or ""),
+                        metavar="PATH",
+                        help="the PrometheusRule file; '' to skip (default: "
+                             "deploy/kubernetes/prometheusrule.yaml in a source checkout, "
+                             "none when installed)")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 when a file differs from what would be written")
     args = parser.parse_args(argv)

@@ -1,0 +1,96 @@
+"""The product works from its wheel: the commands docs/ gives users, run from an
+installed copy with no repository next to it.
+
+Builds the wheel offline (hatchling from the dev extra, --no-build-isolation),
+installs it without dependencies into a folder first on PYTHONPATH (the
+dependencies come from the test environment), and runs each command from an
+empty working directory.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import require_binary
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder the wheel is installed into."""
+    root = tmp_path_factory.mktemp("wheel")
+    build = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+         "--no-index", "-w", str(root / "dist"), str(REPO)],
+        capture_output=True, text=True, timeout=300, check=False)
+    assert build.returncode == 0, build.stderr
+    (wheel,) = (root / "dist").glob("colossalai_exporter-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    assert "colossalai_exporter/rulesgen/config.yml" in names
+    site = root / "site"
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--target",
+         str(site), str(wheel)], capture_output=True, text=True, timeout=300, check=False)
+    assert install.returncode == 0, install.stderr
+    return site
+
+
+def run(site: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    return subprocess.run([sys.executable, "-m", "colossalai_exporter", *args], cwd=cwd,
+                          env=env, capture_output=True, text=True, timeout=120, check=False)
+
+
+def test_the_installed_copy_is_the_one_that_runs(installed: Path, tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(installed)}
+    where = subprocess.run([sys.executable, "-c", "import colossalai_exporter as p; "
+                            "print(p.__file__)"], cwd=tmp_path, env=env, capture_output=True,
+                           text=True, timeout=60, check=True).stdout
+    assert where.startswith(str(installed)), where
+
+
+def test_rules_with_a_site_override_as_docs_rules_md_shows(installed: Path,
+                                                           tmp_path: Path) -> None:
+    (tmp_path / "site.yml").write_text(yaml.safe_dump(
+        {"selectors": {"training": 'job=~"llama-.+"'}}))
+    result = run(installed, tmp_path, "rules", "--override", "site.yml", "--output-dir",
+                 "out", "--kubernetes-output", "")
+    assert result.returncode == 0, result.stderr
+    written = sorted(p.name for p in (tmp_path / "out").glob("*.rules.yml"))
+    assert written == sorted(p.name for p in (REPO / "rules").glob("*.rules.yml"))
+    assert 'job=~"llama-.+"' in (tmp_path / "out" / "colossalai-training.rules.yml").read_text()
+    check = subprocess.run([require_binary("promtool"), "check", "rules",
+                            *map(str, (tmp_path / "out").glob("*.rules.yml"))],
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert check.returncode == 0, check.stdout + check.stderr
+    # Without --output-dir: ./rules, and no PrometheusRule anywhere.
+    again = run(installed, tmp_path, "rules")
+    assert again.returncode == 0, again.stderr
+    assert len(list((tmp_path / "rules").glob("*.rules.yml"))) == len(written)
+    assert not list(installed.rglob("prometheusrule.yaml"))
+
+
+def test_dashboards_from_the_shipped_thresholds(installed: Path, tmp_path: Path) -> None:
+    result = run(installed, tmp_path, "dashboards", "--output-dir", "dash")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "dash").glob("*.json")) == sorted(
+        p.name for p in (REPO / "grafana" / "dashboards").glob("*.json"))
+
+
+def test_a_repository_tool_says_so_instead_of_writing_into_site_packages(
+        installed: Path, tmp_path: Path) -> None:
+    before = sorted(p.relative_to(installed) for p in installed.rglob("*"))
+    result = run(installed, tmp_path, "docs")
+    assert result.returncode == 2
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "source checkout" in result.stderr
+    assert sorted(p.relative_to(installed) for p in installed.rglob("*")) == before
