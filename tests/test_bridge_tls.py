@@ -186,14 +186,17 @@ def test_check_reports_each_tls_problem_on_its_own_line(tmp_path: Path,
     url = "https://hooks.example/secret-token"
     client, key = str(pki / "client.crt"), str(pki / "client.key")
     targets = [
+        # Keys and types first (the config layer, one per block), then the files.
         webhook("a", url, tls={"ca_file": str(tmp_path / "missing.crt"), "surprise": 1}),
+        webhook("k", url, tls={"ca_file": str(tmp_path / "missing.crt")}),
         webhook("b", url, tls={"cert_file": client}),
         webhook("c", url, tls={"key_file": key}),
         webhook("d", "http://hooks.example/secret-token", tls={"ca_file": str(pki / "ca.crt")}),
         webhook("e", url, tls={"ca_file": str(tmp_path)}),  # a folder: cannot be read
         webhook("f", url, tls={"ca_file": "garbage.pem"}),  # relative to the config file
         webhook("g", url, tls={"cert_file": client, "key_file": str(pki / "server.key")}),
-        webhook("h", url, tls={"min_version": "TLS14", "insecure_skip_verify": "yes"}),
+        webhook("h", url, tls={"min_version": "TLS13", "insecure_skip_verify": "yes"}),
+        webhook("l", url, tls={"min_version": "TLS14"}),
         webhook("i", url, tls="on"),
         {"name": "j", "type": "heartbeat", "url": url,
          "fail": {"url": url + "/fail", "tls": {"ca": "x"}}},
@@ -205,9 +208,9 @@ def test_check_reports_each_tls_problem_on_its_own_line(tmp_path: Path,
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     expected = [
-        "targets[a].tls: unknown key 'surprise' (allowed: ca_file, cert_file, "
-        "insecure_skip_verify, key_file, min_version, server_name)",
-        f"targets[a].tls.ca_file: cannot read {tmp_path}/missing.crt: No such file or "
+        "targets[a].tls: unknown key `surprise` (known: ca_file, cert_file, key_file, "
+        "server_name, insecure_skip_verify, min_version)",
+        f"targets[k].tls.ca_file: cannot read {tmp_path}/missing.crt: No such file or "
         "directory",
         "targets[b].tls.key_file: is required with cert_file: a client certificate and its "
         "private key go together",
@@ -219,11 +222,12 @@ def test_check_reports_each_tls_problem_on_its_own_line(tmp_path: Path,
         "([X509: NO_CERTIFICATE_OR_CRL_FOUND] no certificate or crl found)",
         "targets[g].tls.cert_file: cert_file and key_file must be a PEM certificate and its "
         "unencrypted private key ([X509: KEY_VALUES_MISMATCH] key values mismatch)",
-        "targets[h].tls.insecure_skip_verify: must be true or false, got 'yes'",
-        "targets[h].tls.min_version: must be one of TLS10, TLS11, TLS12, TLS13, got 'TLS14'",
-        "targets[i].tls: must be a mapping, got str",
-        "targets[j].fail.tls: unknown key 'ca' (allowed: ca_file, cert_file, "
-        "insecure_skip_verify, key_file, min_version, server_name)",
+        "targets[h].tls.insecure_skip_verify: expected `bool`, got `str`",
+        "targets[i].tls: expected `object`, got `str`",
+        "targets[l].tls.min_version: invalid enum value 'TLS14' (one of: TLS10, TLS11, TLS12, "
+        "TLS13)",
+        "targets[j].fail.tls: unknown key `ca` (known: ca_file, cert_file, key_file, "
+        "server_name, insecure_skip_verify, min_version)",
     ]
     assert sorted(lines) == sorted(f"{config}: {line}" for line in expected)
     assert "secret-token" not in result.stderr

@@ -150,7 +150,7 @@ def test_config_problems_are_all_reported_one_per_line(monkeypatch: pytest.Monke
                      "url must be an absolute http:// or https:// URL",
                      "alert_ttl: must be longer than interval", "is not a matcher",
                      "type: must be one of", "'soon' is not a duration",
-                     "unknown key 'surprise'", "give only one of bearer_token"):
+                     "unknown key `surprise`", "give only one of bearer_token"):
         assert expected in text, expected
     assert "secret-token" not in text  # a URL's token never appears in an error
     assert all("\n" not in p for p in problems)

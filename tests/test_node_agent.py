@@ -329,7 +329,8 @@ def test_a_node_config_typo_is_one_line_and_exit_2(tmp_path: Path) -> None:
     result = run_cli("node", NO_GPU, "--config.file", str(path))
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines() == [
-        f"colossalai-exporter: error: {path}: web: unknown key `listen_adress`"], result.stderr
+        f"colossalai-exporter: error: {path}: web: unknown key `listen_adress` "
+        "(known: listen_address, config_file)"], result.stderr
 
 
 def test_busy_listen_address_is_exit_2(listener: int) -> None:

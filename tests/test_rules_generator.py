@@ -78,7 +78,7 @@ def test_prometheus_rule_holds_every_group() -> None:
 
 @pytest.mark.parametrize(("override", "message"), [
     ("thresholds: {gpu_memory_percent: 90}",
-     "thresholds.gpu_memory_percent: unknown key (known: straggler_ratio, "),
+     "thresholds: unknown key `gpu_memory_percent` (known: straggler_ratio, "),
     ("thresholds: {gpu_memory_used_percent: high}",
      "thresholds.gpu_memory_used_percent: expected a number, got 'high'"),
     ("thresholds: {gpu_memory_used_percent: true}",
@@ -89,7 +89,7 @@ def test_prometheus_rule_holds_every_group() -> None:
      "thresholds.checkpoint_interval: '2 hours' is not a Prometheus duration"),
     ("thresholds: {checkpoint_interval: 7200}",
      "thresholds.checkpoint_interval: expected a duration (like 30s, 5m, 1h30m), got 7200"),
-    ("for: {TrainingStaled: 1m}", "for.TrainingStaled: unknown key (known: TrainingStalled, "),
+    ("for: {TrainingStaled: 1m}", "for: unknown key `TrainingStaled` (known: TrainingStalled, "),
     ("selectors: {training: 5}", "selectors.training: expected a string, got 5"),
     ("expected_jobs: colossalai-node", "expected_jobs: expected a list of strings"),
     ("runbook_url: https://example.com/runbooks", "runbook_url: must contain {anchor}"),

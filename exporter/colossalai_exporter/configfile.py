@@ -16,6 +16,10 @@ Two value types every component shares:
 * :class:`ConfigPath` — a path; a relative one is relative to the config
   file's folder (not to the working directory the daemon was started in).
 
+And the sections every daemon's file has (``web``, ``log``) and the one TLS
+client block (:class:`TLSClient`, Prometheus' ``tls_config``) that the prober
+and the bridge use for the servers they call.
+
 Why msgspec rather than a validation library: it is already a dependency (the
 bridge decodes notifications with it), converts and validates in one pass,
 and its errors carry the key path.
@@ -24,9 +28,12 @@ and its errors carry the key path.
 from __future__ import annotations
 
 import re
+import ssl
+import types
+import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Final, TypeVar
+from typing import Annotated, Any, Final, Literal, TypeVar
 
 import msgspec
 
@@ -52,6 +59,103 @@ class ConfigPath(str):
     """A path from a config file, made absolute against the file's folder."""
 
     __slots__ = ()
+
+
+NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+TLSVersion = Literal["TLS10", "TLS11", "TLS12", "TLS13"]
+TLS_VERSIONS: Final = {
+    "TLS10": ssl.TLSVersion.TLSv1,
+    "TLS11": ssl.TLSVersion.TLSv1_1,
+    "TLS12": ssl.TLSVersion.TLSv1_2,
+    "TLS13": ssl.TLSVersion.TLSv1_3,
+}
+
+
+class WebSection(Section, frozen=True):
+    """``web:`` of a daemon's file; the flags ``--web.listen-address`` and
+    ``--web.config.file`` win over it."""
+
+    listen_address: str | None = None
+    config_file: ConfigPath | None = None
+
+
+class LogSection(Section, frozen=True):
+    """``log:`` of a daemon's file (``--log.level``, ``--log.format``)."""
+
+    level: Literal["debug", "info", "warn", "error"] | None = None
+    format: Literal["logfmt", "json"] | None = None
+
+
+_SSL_SOURCE_LINE: Final = re.compile(r"\s*\(_ssl\.c:\d+\)$")
+
+
+def ssl_error_text(exc: ssl.SSLError) -> str:
+    """OpenSSL's words for a failure, e.g. ``[X509: NO_CERTIFICATE_OR_CRL_FOUND] no
+    certificate or crl found``, without the C source line Python appends."""
+    return _SSL_SOURCE_LINE.sub("", exc.strerror or str(exc)) or type(exc).__name__
+
+
+class TLSClient(Section, frozen=True):
+    """How to call a server over TLS: Prometheus' ``tls_config``, key for key.
+
+    Without a block (or with an empty one) the system's CA bundle verifies the
+    server. ``ca_file`` replaces the bundle rather than adding to it, as in Go.
+    """
+
+    ca_file: ConfigPath | None = None
+    cert_file: ConfigPath | None = None
+    key_file: ConfigPath | None = None
+    server_name: NonEmpty | None = None
+    insecure_skip_verify: bool = False
+    min_version: TLSVersion | None = None
+
+    def problems(self) -> list[tuple[str, str]]:
+        """(key, what is wrong) for every file that cannot be used, found now, at
+        start-up, instead of at every connection after it."""
+        found: list[tuple[str, str]] = []
+        for given, missing in (("cert_file", "key_file"), ("key_file", "cert_file")):
+            if getattr(self, given) is not None and getattr(self, missing) is None:
+                found.append((missing, f"is required with {given}: a client certificate "
+                                       "and its private key go together"))
+        readable: dict[str, str] = {}
+        for key in ("ca_file", "cert_file", "key_file"):
+            path = getattr(self, key)
+            if path is not None:
+                try:
+                    with open(path, "rb"):
+                        readable[key] = path
+                except OSError as exc:
+                    found.append((key, f"cannot read {path}: {exc.strerror}"))
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        if "ca_file" in readable:
+            try:
+                context.load_verify_locations(cafile=self.ca_file)
+            except ssl.SSLError as exc:
+                found.append(("ca_file", f"{self.ca_file} holds no PEM CA certificate "
+                                         f"({ssl_error_text(exc)})"))
+        if "cert_file" in readable and "key_file" in readable:
+            try:
+                # An empty password instead of none: OpenSSL would otherwise prompt on
+                # the terminal for an encrypted key.
+                context.load_cert_chain(readable["cert_file"], readable["key_file"],
+                                        password=lambda: b"")
+            except ssl.SSLError as exc:
+                found.append(("cert_file", "cert_file and key_file must be a PEM "
+                                           "certificate and its unencrypted private key "
+                                           f"({ssl_error_text(exc)})"))
+        return found
+
+    def context(self) -> ssl.SSLContext:
+        """A client context with these settings; ssl.SSLError for unusable files."""
+        ctx = ssl.create_default_context(cafile=self.ca_file)
+        if self.insecure_skip_verify:
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_NONE
+        if self.min_version is not None:
+            ctx.minimum_version = TLS_VERSIONS[self.min_version]
+        if self.cert_file is not None and self.key_file is not None:
+            ctx.load_cert_chain(self.cert_file, self.key_file, password=lambda: b"")
+        return ctx
 
 
 def parse_prometheus_duration(text: str) -> float:
@@ -113,8 +217,14 @@ def _decoder(base: Path) -> Callable[[type, Any], Any]:
 _AT = re.compile(r"^(?P<message>.*?)(?: - at `\$(?P<path>[^`]*)`)?$", re.S)
 
 
-def describe(error: msgspec.ValidationError) -> str:
-    """``web: unknown key `listen_adress``` from msgspec's wording."""
+def unknown_key(key: object, known: Any) -> str:
+    """The one wording of an unknown key, in every config: ``unknown key `x` (known: a, b)``."""
+    return f"unknown key `{key}` (known: {', '.join(map(str, known))})"
+
+
+def describe(error: msgspec.ValidationError, kind: Any = None, at: str = "") -> str:
+    """``web: unknown key `listen_adress``` from msgspec's wording; for a value
+    outside a fixed set, the set, found in ``kind`` along the key's path."""
     match = _AT.match(str(error))
     assert match is not None  # the pattern matches any text
     message = match.group("message")
@@ -122,16 +232,70 @@ def describe(error: msgspec.ValidationError) -> str:
     message = message.replace("Object missing required field", "missing key")
     message = message[:1].lower() + message[1:]
     path = (match.group("path") or "").lstrip(".")
+    if message.startswith("invalid enum value") and kind is not None:
+        allowed = _literal_values(kind, path)
+        if allowed:
+            message += f" (one of: {', '.join(allowed)})"
+    unknown = re.match(r"^unknown key `(?P<key>[^`]*)`$", message)
+    if unknown and kind is not None:
+        section = _unwrap(_type_at(kind, path))
+        if isinstance(section, type) and issubclass(section, msgspec.Struct):
+            message = unknown_key(unknown.group("key"),
+                                  [f.encode_name for f in msgspec.structs.fields(section)])
+    if at:
+        path = f"{at}{path}" if path.startswith("[") else ".".join(filter(None, (at, path)))
     return f"{path}: {message}" if path else message
 
 
-def convert(data: Any, kind: type[T], source: str, base: Path | None = None) -> T:
-    """``data`` (parsed YAML) as ``kind``; ConfigError naming ``source`` and the key."""
+_SEGMENT: Final = re.compile(r"\[[^\]]*\]|[^.\[]+")
+
+
+def _type_at(kind: Any, path: str) -> Any:
+    """The type at ``path`` (``modules[...].prober``) in ``kind``; None when not found."""
+    for segment in _SEGMENT.findall(path):
+        kind = _unwrap(kind)
+        if segment.startswith("["):
+            args = typing.get_args(kind)
+            kind = args[-1] if args else None  # list[T] -> T, dict[K, V] -> V
+        elif isinstance(kind, type) and issubclass(kind, msgspec.Struct):
+            fields = {f.encode_name: f.type for f in msgspec.structs.fields(kind)}
+            kind = fields.get(segment)
+        else:
+            return None
+    return kind
+
+
+def _literal_values(kind: Any, path: str) -> list[str]:
+    """The values of the Literal type at ``path`` in ``kind``."""
+    kind = _unwrap(_type_at(kind, path))
+    return [str(v) for v in typing.get_args(kind)] if typing.get_origin(kind) is Literal else []
+
+
+def _unwrap(kind: Any) -> Any:
+    """``Annotated[T, …]`` and ``T | None`` -> ``T``."""
+    while True:
+        if typing.get_origin(kind) is Annotated:
+            kind = typing.get_args(kind)[0]
+            continue
+        args = [a for a in typing.get_args(kind) if a is not type(None)]
+        if typing.get_origin(kind) in (typing.Union, types.UnionType) and len(args) == 1:
+            kind = args[0]
+            continue
+        return kind
+
+
+def convert(data: Any, kind: type[T], source: str, base: Path | None = None,
+            at: str = "") -> T:
+    """``data`` (parsed YAML) as ``kind``; ConfigError naming ``source`` and the key.
+
+    ``at`` is where ``data`` sits in the file (``modules.chat``), for a part
+    converted on its own: msgspec names a map's keys only as ``[...]``.
+    """
     try:
         return msgspec.convert(data, kind, strict=True,
                                dec_hook=_decoder(base or Path.cwd()))
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"{source}: {describe(exc)}") from None
+        raise ConfigError(f"{source}: {describe(exc, kind, at)}") from None
 
 
 def load(path: str | Path, kind: type[T], what: str = "config file") -> T:

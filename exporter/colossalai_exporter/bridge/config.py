@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import re
-import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,30 +29,21 @@ from colossalai_exporter.bridge.matchers import (
 )
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.flags import load_yaml_file
-from colossalai_exporter.web.config import TLS_VERSIONS
 
 KINDS = ("heartbeat", "health_heartbeat", "webhook")
 BODIES = ("stable", "alertmanager")
 METHODS = ("GET", "POST", "HEAD", "PUT")
 DEFAULT_HEARTBEAT_SELECTOR = ('alertname="Watchdog"',)
 _NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
-_SSL_SOURCE_LINE = re.compile(r"\s*\(_ssl\.c:\d+\)$")
 
 
-@dataclass(frozen=True)
-class TLSSettings:
-    """An endpoint's ``tls`` block, read as Prometheus reads a ``tls_config``.
+class TLSSettings(configfile.TLSClient, frozen=True):
+    """An endpoint's ``tls`` block: the config layer's TLS client block, read as
+    Prometheus reads a ``tls_config``, with what requests needs of it.
 
     Paths are absolute (resolved against the config file's folder). Without a
     block, HTTPS targets are verified against the CA bundle shipped with requests.
     """
-
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    server_name: str | None = None
-    insecure_skip_verify: bool = False
-    min_version: str | None = None
 
     @property
     def verify(self) -> bool | str:
@@ -168,10 +158,16 @@ class _Problems:
         self.warnings: list[str] = []
 
     def add(self, where: str, message: str) -> None:
-        self.items.append(f"{self.source}: {where}: {message}")
+        self.items.append(f"{self.source}: {where}: {message}" if where
+                          else f"{self.source}: {message}")
 
     def warn(self, where: str, message: str) -> None:
         self.warnings.append(f"{self.source}: {where}: warning: {message}")
+
+    @property
+    def base(self) -> Path:
+        """The folder relative paths are relative to: the config file's."""
+        return Path(self.source).parent.absolute() if self.source else Path.cwd()
 
     def path(self, value: str) -> Path:
         """A path from the config: relative ones are relative to the config file's folder."""
@@ -194,7 +190,7 @@ class _Section:
             data = {}
         self.data: dict[str, Any] = data
         for key in sorted(set(data) - allowed, key=str):
-            problems.add(where, f"unknown key {key!r} (allowed: {', '.join(sorted(allowed))})")
+            problems.add(where, configfile.unknown_key(key, sorted(allowed)))
 
     def _at(self, key: str) -> str:
         return f"{self.where}.{key}" if self.where else key
@@ -295,8 +291,6 @@ class _Section:
 
 _ENDPOINT_KEYS = {"url", "url_file", "url_env", "method", "timeout", "success_codes", "headers",
                   "tls"}
-_TLS_KEYS = {"ca_file", "cert_file", "key_file", "server_name", "insecure_skip_verify",
-             "min_version"}
 _TARGET_KEYS = {
     "heartbeat": {"name", "type", "selector", "fail", "ttl", "min_interval", "period"},
     "health_heartbeat": {"name", "type", "selector", "interval", "alert_ttl"},
@@ -305,54 +299,24 @@ _TARGET_KEYS = {
 }
 
 
-def ssl_error_text(exc: ssl.SSLError) -> str:
-    """OpenSSL's words for a failure, e.g. ``[X509: NO_CERTIFICATE_OR_CRL_FOUND] no
-    certificate or crl found``, without the C source line Python appends."""
-    return _SSL_SOURCE_LINE.sub("", exc.strerror or str(exc)) or type(exc).__name__
-
-
 def _tls(data: Any, where: str, problems: _Problems) -> TLSSettings:
     """The ``tls`` block at ``where``; files are opened and parsed now, so a bad
     certificate fails `bridge check` instead of every delivery after start-up."""
-    section = _Section(data, where, problems, _TLS_KEYS)
-    ca_file = section.readable_file("ca_file")
-    cert_file = section.readable_file("cert_file")
-    key_file = section.readable_file("key_file")
-    for given, missing in (("cert_file", "key_file"), ("key_file", "cert_file")):
-        if given in section.data and missing not in section.data:
-            problems.add(f"{where}.{missing}", f"is required with {given}: a client "
-                         "certificate and its private key go together")
-    server_name = section.string("server_name")
-    if server_name is not None and not server_name.strip():
-        problems.add(f"{where}.server_name", "must be a non-empty host name")
-        server_name = None
-    insecure = section.boolean("insecure_skip_verify", False)
-    min_version = section.string("min_version", None, tuple(TLS_VERSIONS))
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    if ca_file is not None:
-        try:
-            context.load_verify_locations(cafile=ca_file)
-        except ssl.SSLError as exc:
-            problems.add(f"{where}.ca_file", f"{ca_file} holds no PEM CA certificate "
-                         f"({ssl_error_text(exc)})")
-    if cert_file is not None and key_file is not None:
-        try:
-            # An empty password instead of none: OpenSSL would otherwise prompt on the
-            # terminal for an encrypted key, and requests has no way to pass one later.
-            context.load_cert_chain(cert_file, key_file, password=lambda: b"")
-        except ssl.SSLError as exc:
-            problems.add(f"{where}.cert_file", "cert_file and key_file must be a PEM "
-                         "certificate and its unencrypted private key "
-                         f"({ssl_error_text(exc)})")
-    if insecure:
-        ignored = [k for k in ("ca_file", "server_name") if k in section.data]
+    try:
+        tls = configfile.convert({} if data is None else data, TLSSettings, problems.source,
+                                 problems.base, at=where)
+    except ConfigError as exc:
+        problems.items.append(str(exc))
+        return TLSSettings()
+    for key, problem in tls.problems():
+        problems.add(f"{where}.{key}", problem)
+    if tls.insecure_skip_verify:
+        ignored = [k for k in ("ca_file", "server_name") if getattr(tls, k) is not None]
         problems.warn(f"{where}.insecure_skip_verify", "the server's certificate is not "
                       "verified: anyone on the network path can pose as this target and "
                       "receive its requests" + (f" ({', '.join(ignored)} unused)"
                                                 if ignored else ""))
-    return TLSSettings(ca_file=ca_file, cert_file=cert_file, key_file=key_file,
-                       server_name=server_name, insecure_skip_verify=insecure,
-                       min_version=min_version)
+    return tls
 
 
 def _endpoint(section: _Section, default_method: str, *, required: bool = True,

@@ -29,9 +29,9 @@ import requests
 import urllib3
 from requests.adapters import DEFAULT_POOLBLOCK, HTTPAdapter
 
-from colossalai_exporter.bridge.config import Endpoint, TLSSettings, ssl_error_text
+from colossalai_exporter.bridge.config import Endpoint, TLSSettings
+from colossalai_exporter.configfile import TLS_VERSIONS, ssl_error_text
 from colossalai_exporter.version import __version__
-from colossalai_exporter.web.config import TLS_VERSIONS
 
 # Values of the ``result`` label of colossalai_bridge_deliveries_total.
 RESULTS = ("success", "status", "timeout", "connection", "tls", "error")

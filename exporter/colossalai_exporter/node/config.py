@@ -28,11 +28,18 @@ import argparse
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 import msgspec
 
-from colossalai_exporter.configfile import ConfigPath, Seconds, Section, load
+from colossalai_exporter.configfile import (
+    ConfigPath,
+    LogSection,
+    Seconds,
+    Section,
+    WebSection,
+    load,
+)
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.node.disk import WatchedPath
 from colossalai_exporter.node.rendezvous import Endpoint
@@ -83,16 +90,6 @@ def _positive(value: Any, where: str) -> float:
 
 # The file's shape (docs/node.md, deploy/node/node.example.yml). Unknown keys at any
 # depth are errors naming their path: a typo must not start the agent on defaults.
-class WebSection(Section, frozen=True):
-    listen_address: str | None = None
-    config_file: ConfigPath | None = None
-
-
-class LogSection(Section, frozen=True):
-    level: Literal["debug", "info", "warn", "error"] | None = None
-    format: Literal["logfmt", "json"] | None = None
-
-
 class CollectorsSection(Section, frozen=True):
     gpu: bool = True
     host: bool = True

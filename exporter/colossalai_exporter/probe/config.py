@@ -32,22 +32,39 @@ import argparse
 import ipaddress
 import json
 import re
+import typing
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
+
+import msgspec
 
 from colossalai_exporter import configfile
+from colossalai_exporter.configfile import (
+    ConfigPath,
+    LogSection,
+    NonEmpty,
+    Seconds,
+    Section,
+    TLSClient,
+    WebSection,
+)
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.flags import load_yaml_file
 from colossalai_exporter.probe.targets import AllowList, IPNetwork
 
 DEFAULT_PORT = 9467
-PROBERS = ("http", "tcp", "colossal_inference", "colossalchat", "health_json", "generate")
+Prober = Literal["http", "tcp", "colossal_inference", "colossalchat", "health_json", "generate"]
+PROBERS: tuple[str, ...] = typing.get_args(Prober)
 # Every reason a probe can fail with; the values of probe_failure_info{reason}.
-REASONS = ("dns", "refused", "unreachable", "timeout", "tls", "connection", "protocol",
-           "status", "body", "engine_error", "loading", "config")
+Reason = Literal["dns", "refused", "unreachable", "timeout", "tls", "connection", "protocol",
+                 "status", "body", "engine_error", "loading", "config"]
+REASONS: tuple[str, ...] = typing.get_args(Reason)
 MAX_BODY_BYTES = 1 << 20
 NAME = re.compile(r"^[A-Za-z0-9_.:-]+$")
+#: The TLS settings of a module (``http.tls_config``, ``tcp.tls_config``): the
+#: config layer's one TLS client block.
+TLSOptions = TLSClient
 
 
 @dataclass(frozen=True)
@@ -72,13 +89,6 @@ class JsonCheck:
 
 
 @dataclass(frozen=True)
-class TLSOptions:
-    verify: bool = True
-    ca_file: str | None = None
-    server_name: str | None = None
-
-
-@dataclass(frozen=True)
 class HttpOptions:
     method: str = "GET"
     path: str = ""
@@ -89,7 +99,7 @@ class HttpOptions:
     # empty: any 2xx
     valid_status_codes: tuple[int, ...] = ()
     json: tuple[JsonCheck, ...] = ()
-    tls: TLSOptions = field(default_factory=TLSOptions)
+    tls: TLSClient = field(default_factory=TLSClient)
     max_body_bytes: int = MAX_BODY_BYTES
 
     def status_ok(self, status: int) -> bool:
@@ -157,199 +167,152 @@ def parse_duration(value: Any, where: str) -> float:
     return seconds
 
 
-def _mapping(value: Any, where: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where} must be a mapping, got {type(value).__name__}")
-    return value
+# The file's shape (deploy/probe/probe.example.yml). Module keys follow blackbox
+# exporter's; unknown keys at any depth are errors naming their path.
+class JsonCheckSection(Section, frozen=True):
+    field: NonEmpty
+    equals: Any
+    reason: Reason = "body"
 
 
-def _keys(section: dict[str, Any], allowed: set[str], where: str) -> None:
-    unknown = sorted(set(map(str, section)) - allowed)
-    if unknown:
-        raise ConfigError(f"{where}: unknown key {unknown[0]!r} (known: "
-                          f"{', '.join(sorted(allowed))})")
+StatusCode = Annotated[int, msgspec.Meta(ge=100, le=599)]
 
 
-def _str_map(value: Any, where: str) -> tuple[tuple[str, str], ...]:
-    items = _mapping(value, where)
-    for key, val in items.items():
-        if not isinstance(val, str | int | float) or isinstance(val, bool):
-            raise ConfigError(f"{where}.{key} must be a string")
-    return tuple((str(k), str(v)) for k, v in items.items())
+class HttpSection(Section, frozen=True):
+    method: Annotated[str, msgspec.Meta(pattern="^[A-Za-z]+$")] | None = None
+    path: Annotated[str, msgspec.Meta(pattern="^/")] | None = None
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
+    header_files: dict[str, ConfigPath] = msgspec.field(default_factory=dict)
+    # a string is sent as it is; YAML structure is sent as JSON
+    body: str | dict[str, Any] | list[Any] | None = None
+    valid_status_codes: list[StatusCode] = msgspec.field(default_factory=list)
+    json: list[JsonCheckSection] = msgspec.field(default_factory=list)
+    tls_config: TLSClient | None = None
+    max_body_bytes: Annotated[int, msgspec.Meta(gt=0)] | None = None
 
 
-def _tls(value: Any, where: str, base: Path) -> TLSOptions:
-    section = _mapping(value, where)
-    _keys(section, {"insecure_skip_verify", "ca_file", "server_name"}, where)
-    skip = section.get("insecure_skip_verify", False)
-    if not isinstance(skip, bool):
-        raise ConfigError(f"{where}.insecure_skip_verify must be true or false")
-    ca = section.get("ca_file")
-    if ca is not None:
-        path = base / str(ca)
-        if not path.is_file():
-            raise ConfigError(f"{where}.ca_file {path} is not a readable file")
-        ca = str(path)
-    name = section.get("server_name")
-    return TLSOptions(not skip, ca, str(name) if name else None)
+class TcpSection(Section, frozen=True):
+    tls: bool = False
+    tls_config: TLSClient | None = None
 
 
-def _json_checks(value: Any, where: str) -> tuple[JsonCheck, ...]:
-    if value is None:
-        return ()
-    if not isinstance(value, list):
-        raise ConfigError(f"{where} must be a list of {{field, equals[, reason]}}")
-    checks: list[JsonCheck] = []
-    for i, raw in enumerate(value):
-        spot = f"{where}[{i}]"
-        item = _mapping(raw, spot)
-        _keys(item, {"field", "equals", "reason"}, spot)
-        if not isinstance(item.get("field"), str) or not item["field"] or "equals" not in item:
-            raise ConfigError(f"{spot} needs a string field and an equals value")
-        reason = str(item.get("reason", "body"))
-        if reason not in REASONS:
-            raise ConfigError(f"{spot}.reason {reason!r} is not one of {', '.join(REASONS)}")
-        checks.append(JsonCheck(item["field"], item["equals"], reason))
-    return tuple(checks)
+class ModuleSection(Section, frozen=True):
+    prober: Prober
+    timeout: Seconds | None = None
+    http: HttpSection | None = None
+    tcp: TcpSection | None = None
 
 
-def _http(value: Any, where: str, base: Path, defaults: HttpOptions) -> HttpOptions:
-    section = _mapping(value, where)
-    _keys(section, {"method", "path", "headers", "header_files", "body", "valid_status_codes",
-                    "json", "tls_config", "max_body_bytes"}, where)
+class AllowSection(Section, frozen=True):
+    loopback: bool = True
+    hosts: list[NonEmpty] = msgspec.field(default_factory=list)
+    networks: list[str] = msgspec.field(default_factory=list)
+    ports: list[Annotated[int, msgspec.Meta(ge=1, le=65535)]] = msgspec.field(default_factory=list)
+
+
+class ProbeFile(Section, frozen=True):
+    web: WebSection = WebSection()
+    log: LogSection = LogSection()
+    timeout_offset_seconds: Seconds | None = None
+    max_concurrent: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    allow: AllowSection = AllowSection()
+    # each module is converted on its own, so that an error names it (modules.chat.http)
+    modules: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+def _tls(section: TLSClient, where: str) -> TLSClient:
+    for key, problem in section.problems():
+        raise ConfigError(f"{where}.{key}: {problem}")
+    return section
+
+
+def _http(section: HttpSection, where: str, defaults: HttpOptions) -> HttpOptions:
     options = defaults
-    if "method" in section:
-        method = str(section["method"]).upper()
-        if not method.isalpha():
-            raise ConfigError(f"{where}.method {section['method']!r} is not an HTTP method")
-        options = replace(options, method=method)
-    if "path" in section:
-        path = str(section["path"])
-        if not path.startswith("/"):
-            raise ConfigError(f"{where}.path must start with /, got {path!r}")
-        options = replace(options, path=path)
-    if "headers" in section:
-        options = replace(options, headers=_str_map(section["headers"], f"{where}.headers"))
-    if "header_files" in section:
-        files = _str_map(section["header_files"], f"{where}.header_files")
-        resolved = []
-        for name, path_text in files:
-            secret = base / path_text
-            if not secret.is_file():
-                raise ConfigError(f"{where}.header_files.{name}: {secret} is not a readable "
-                                  "file")
-            resolved.append((name, str(secret)))
-        options = replace(options, header_files=tuple(resolved))
-    if "body" in section:
-        body = section["body"]
-        if isinstance(body, dict | list):  # YAML structure: send it as JSON
-            body = json.dumps(body)
-        options = replace(options, body=str(body).encode())
-    if "valid_status_codes" in section:
-        codes = section["valid_status_codes"]
-        if not isinstance(codes, list) or not all(
-                isinstance(c, int) and not isinstance(c, bool) and 100 <= c <= 599 for c in codes):
-            raise ConfigError(f"{where}.valid_status_codes must be a list of HTTP status codes")
-        options = replace(options, valid_status_codes=tuple(codes))
-    if "json" in section:
-        options = replace(options, json=_json_checks(section["json"], f"{where}.json"))
-    if "tls_config" in section:
-        options = replace(options, tls=_tls(section["tls_config"], f"{where}.tls_config", base))
-    if "max_body_bytes" in section:
-        size = section["max_body_bytes"]
-        if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
-            raise ConfigError(f"{where}.max_body_bytes must be a positive integer")
-        options = replace(options, max_body_bytes=size)
+    if section.method is not None:
+        options = replace(options, method=section.method.upper())
+    if section.path is not None:
+        options = replace(options, path=section.path)
+    if section.headers:
+        options = replace(options, headers=tuple(section.headers.items()))
+    for name, secret in section.header_files.items():
+        if not Path(secret).is_file():
+            raise ConfigError(f"{where}.header_files.{name}: {secret} is not a readable file")
+    if section.header_files:
+        options = replace(options, header_files=tuple(
+            (name, str(path)) for name, path in section.header_files.items()))
+    if section.body is not None:
+        body = section.body if isinstance(section.body, str) else json.dumps(section.body)
+        options = replace(options, body=body.encode())
+    if section.valid_status_codes:
+        options = replace(options, valid_status_codes=tuple(section.valid_status_codes))
+    if section.json:
+        options = replace(options, json=tuple(JsonCheck(c.field, c.equals, c.reason)
+                                               for c in section.json))
+    if section.tls_config is not None:
+        options = replace(options, tls=_tls(section.tls_config, f"{where}.tls_config"))
+    if section.max_body_bytes is not None:
+        options = replace(options, max_body_bytes=section.max_body_bytes)
     return options
 
 
 def parse_module(name: str, value: Any, where: str, base: Path) -> Module:
     """One module from YAML; every problem is a ConfigError naming the key."""
+    source, _, at = where.partition(": ")
     if not NAME.match(name):
         raise ConfigError(f"{where}: module name {name!r} may use only letters, digits, _ . : -")
-    section = _mapping(value, where)
-    _keys(section, {"prober", "timeout", "http", "tcp"}, where)
-    prober = section.get("prober")
-    if prober not in PROBERS:
-        raise ConfigError(f"{where}.prober must be one of {', '.join(PROBERS)}, got {prober!r}")
+    section = configfile.convert(value, ModuleSection, source, base, at)
     defaults = HttpOptions()
     timeout = 5.0
-    if prober == "health_json":
+    if section.prober == "health_json":
         defaults = HttpOptions(path="/health")
-    elif prober == "generate":
+    elif section.prober == "generate":
         defaults = HttpOptions(method="POST", path="/generate", body=GENERATE_BODY,
                                headers=(("Content-Type", "application/json"),))
         timeout = 30.0
-    if "timeout" in section:
-        timeout = parse_duration(section["timeout"], f"{where}.timeout")
-    http = _http(section.get("http"), f"{where}.http", base, defaults)
-    tcp = _mapping(section.get("tcp"), f"{where}.tcp")
-    _keys(tcp, {"tls", "tls_config"}, f"{where}.tcp")
-    if prober != "tcp" and tcp:
-        raise ConfigError(f"{where}.tcp is only for prober tcp")
-    if prober == "tcp" and section.get("http"):
+    if section.timeout is not None:
+        if section.timeout <= 0:
+            raise ConfigError(f"{where}.timeout must be positive, got {section.timeout:g}")
+        timeout = float(section.timeout)
+    if section.prober == "tcp" and section.http is not None:
         raise ConfigError(f"{where}.http is not for prober tcp")
-    if "tls_config" in tcp:
-        http = replace(http, tls=_tls(tcp["tls_config"], f"{where}.tcp.tls_config", base))
-    tcp_tls = tcp.get("tls", False)
-    if not isinstance(tcp_tls, bool):
-        raise ConfigError(f"{where}.tcp.tls must be true or false")
-    return Module(name, str(prober), timeout, http, tcp_tls)
+    if section.prober != "tcp" and section.tcp is not None:
+        raise ConfigError(f"{where}.tcp is only for prober tcp")
+    http = _http(section.http or HttpSection(), f"{where}.http", defaults)
+    tcp = section.tcp or TcpSection()
+    if tcp.tls_config is not None:
+        http = replace(http, tls=_tls(tcp.tls_config, f"{where}.tcp.tls_config"))
+    return Module(name, section.prober, timeout, http, tcp.tls)
 
 
-def _allow(value: Any, where: str) -> AllowList:
-    section = _mapping(value, where)
-    _keys(section, {"loopback", "hosts", "networks", "ports"}, where)
-    loopback = section.get("loopback", True)
-    if not isinstance(loopback, bool):
-        raise ConfigError(f"{where}.loopback must be true or false")
-    hosts = section.get("hosts") or []
-    if not isinstance(hosts, list) or not all(isinstance(h, str) and h for h in hosts):
-        raise ConfigError(f"{where}.hosts must be a list of host names or patterns")
+def _allow(section: AllowSection, where: str) -> AllowList:
     networks: list[IPNetwork] = []
-    for item in section.get("networks") or []:
+    for item in section.networks:
         try:
-            networks.append(ipaddress.ip_network(str(item), strict=False))
+            networks.append(ipaddress.ip_network(item, strict=False))
         except ValueError as exc:
             raise ConfigError(f"{where}.networks: {item!r} is not a network: {exc}") from None
-    ports = section.get("ports") or []
-    if not isinstance(ports, list) or not all(
-            isinstance(p, int) and not isinstance(p, bool) and 0 < p < 65536 for p in ports):
-        raise ConfigError(f"{where}.ports must be a list of port numbers")
-    return AllowList(loopback, tuple(hosts), tuple(networks), tuple(ports))
+    return AllowList(section.loopback, tuple(section.hosts), tuple(networks),
+                     tuple(section.ports))
 
 
-TOP_KEYS = {"web", "log", "timeout_offset_seconds", "max_concurrent", "allow", "modules"}
-
-
-def apply_file(config: ProbeConfig, data: dict[str, Any], source: Path) -> None:
+def apply_file(config: ProbeConfig, data: Any, source: Path) -> None:
+    """Values the file sets replace the defaults (flags replace them in turn)."""
     where = str(source)
-    _keys(data, TOP_KEYS, where)
-    web = _mapping(data.get("web"), f"{where}: web")
-    _keys(web, {"listen_address", "config_file"}, f"{where}: web")
-    config.listen_address = str(web.get("listen_address", config.listen_address))
-    if web.get("config_file"):
-        config.web_config_file = str(source.parent / str(web["config_file"]))
-    log = _mapping(data.get("log"), f"{where}: log")
-    _keys(log, {"level", "format"}, f"{where}: log")
-    config.log_level = str(log.get("level", config.log_level))
-    config.log_format = str(log.get("format", config.log_format))
-    if "timeout_offset_seconds" in data:
-        offset = data["timeout_offset_seconds"]
-        if isinstance(offset, bool) or not isinstance(offset, int | float) or offset < 0:
-            raise ConfigError(f"{where}: timeout_offset_seconds must be a number >= 0")
-        config.timeout_offset = float(offset)
-    if "max_concurrent" in data:
-        count = data["max_concurrent"]
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise ConfigError(f"{where}: max_concurrent must be a positive integer")
-        config.max_concurrent = count
-    config.allow = _allow(data.get("allow"), f"{where}: allow")
-    for name, module in _mapping(data.get("modules"), f"{where}: modules").items():
+    file = configfile.convert(data if data is not None else {}, ProbeFile, where,
+                              source.parent.absolute())
+    config.listen_address = file.web.listen_address or config.listen_address
+    config.web_config_file = file.web.config_file or config.web_config_file
+    config.log_level = file.log.level or config.log_level
+    config.log_format = file.log.format or config.log_format
+    if file.timeout_offset_seconds is not None:
+        config.timeout_offset = float(file.timeout_offset_seconds)
+    if file.max_concurrent is not None:
+        config.max_concurrent = file.max_concurrent
+    config.allow = _allow(file.allow, f"{where}: allow")
+    for name, module in file.modules.items():
         config.modules[str(name)] = parse_module(str(name), module,
-                                                 f"{where}: modules.{name}", source.parent)
+                                                 f"{where}: modules.{name}",
+                                                 source.parent.absolute())
 
 
 def load_config(args: argparse.Namespace) -> ProbeConfig:

@@ -116,12 +116,8 @@ def connect(session: Session, address: Address) -> socket.socket:
 
 
 def tls_context(options: TLSOptions) -> ssl.SSLContext:
-    if not options.verify:
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-        return ctx
-    return ssl.create_default_context(cafile=options.ca_file)
+    """The module's TLS settings as a context (its files were checked at start-up)."""
+    return options.context()
 
 
 def handshake(session: Session, sock: socket.socket, target: Target,
@@ -149,7 +145,7 @@ def handshake(session: Session, sock: socket.socket, target: Target,
         session.add("tls", started)
     session._track(tls_sock)
     session.tls_used = True
-    if options.verify:
+    if not options.insecure_skip_verify:
         cert = tls_sock.getpeercert()
         not_after = cert.get("notAfter") if cert else None
         if isinstance(not_after, str):

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from colossalai_exporter.configfile import parse_prometheus_duration
+from colossalai_exporter.configfile import parse_prometheus_duration, unknown_key
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.flags import load_yaml_file
 
@@ -177,7 +177,8 @@ def _build(cls: type[Any], data: Mapping[str, Any], where: str) -> Any:
     prefix = f"{where}." if where else ""
     for key in data:
         if key not in fields:
-            raise ConfigError(f"{prefix}{key}: unknown key (known: {', '.join(fields)})")
+            raise ConfigError(f"{where}: {unknown_key(key, fields)}" if where
+                              else unknown_key(key, fields))
     kwargs: dict[str, Any] = {}
     for key, field in fields.items():
         if key not in data:
@@ -203,7 +204,8 @@ def _check_override_keys(base: Mapping[str, Any], override: Mapping[str, Any],
     for key, value in override.items():
         dotted = f"{where}.{key}" if where else str(key)
         if key not in base:
-            raise ConfigError(f"{dotted}: unknown key (known: {', '.join(map(str, base))})")
+            raise ConfigError(f"{where}: {unknown_key(key, base)}" if where
+                              else unknown_key(key, base))
         if isinstance(value, Mapping) and isinstance(base[key], Mapping) and key != "labels":
             _check_override_keys(base[key], value, dotted)
 

@@ -26,18 +26,21 @@ import logging
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
+import msgspec
+
+from colossalai_exporter import configfile
+from colossalai_exporter.configfile import TLS_VERSIONS, ConfigPath, Section, TLSVersion
 from colossalai_exporter.errors import ConfigError
+from colossalai_exporter.flags import load_yaml_file
 
 log = logging.getLogger(__name__)
 
-TLS_VERSIONS = {
-    "TLS10": ssl.TLSVersion.TLSv1,
-    "TLS11": ssl.TLSVersion.TLSv1_1,
-    "TLS12": ssl.TLSVersion.TLSv1_2,
-    "TLS13": ssl.TLSVersion.TLSv1_3,
-}
+__all__ = ["TLS_VERSIONS", "TLSConfig", "WebConfig", "load_web_config", "parse_web_config"]
+
+ClientAuthType = Literal["NoClientCert", "RequestClientCert", "RequireAnyClientCert",
+                         "VerifyClientCertIfGiven", "RequireAndVerifyClientCert"]
 # exporter-toolkit's client_auth_type values -> (verify mode, must a CA file be given)
 CLIENT_AUTH_TYPES = {
     "NoClientCert": (ssl.CERT_NONE, False),
@@ -48,7 +51,7 @@ CLIENT_AUTH_TYPES = {
 }
 _BCRYPT_PREFIXES = ("$2a$", "$2b$", "$2y$")
 # exporter-toolkit keys that Python's ssl module cannot honour as Go does.
-IGNORED_TLS_KEYS = frozenset({"cipher_suites", "prefer_server_cipher_suites", "curve_preferences"})
+IGNORED_TLS_KEYS = ("cipher_suites", "prefer_server_cipher_suites", "curve_preferences")
 
 
 @dataclass(frozen=True)
@@ -102,80 +105,72 @@ class WebConfig:
     source: Path | None = None
 
 
-def _mapping(value: Any, where: str) -> dict[str, Any]:
-    if value is None:
-        return {}
-    if not isinstance(value, dict):
-        raise ConfigError(f"{where} must be a mapping, got {type(value).__name__}")
-    return value
+# The file's shape, exporter-toolkit's keys; unknown keys at any depth are errors.
+class TLSServerSection(Section, frozen=True):
+    cert_file: ConfigPath | None = None
+    key_file: ConfigPath | None = None
+    client_auth_type: ClientAuthType = "NoClientCert"
+    client_ca_file: ConfigPath | None = None
+    min_version: TLSVersion = "TLS12"
+    max_version: TLSVersion | None = None
+    # Accepted so that one web config serves Go exporters and ours alike; said once
+    # at start-up because a cipher restriction that silently does nothing is a trap.
+    cipher_suites: list[str] | None = None
+    prefer_server_cipher_suites: bool | None = None
+    curve_preferences: list[str] | None = None
 
 
-def _check_keys(section: dict[str, Any], allowed: set[str], where: str) -> None:
-    unknown = sorted(set(section) - allowed)
-    if unknown:
-        allowed_text = ", ".join(sorted(allowed))
-        raise ConfigError(f"{where}: unknown key {unknown[0]!r} (allowed: {allowed_text})")
+class HttpServerSection(Section, frozen=True):
+    headers: dict[str, str] = msgspec.field(default_factory=dict)
 
 
-def _tls(section: dict[str, Any], base: Path, where: str) -> TLSConfig | None:
-    if not section:
+class WebFile(Section, frozen=True):
+    tls_server_config: TLSServerSection | None = None
+    basic_auth_users: dict[str, str] = msgspec.field(default_factory=dict)
+    http_server_config: HttpServerSection = HttpServerSection()
+
+
+def _tls(section: TLSServerSection | None, where: str) -> TLSConfig | None:
+    if section is None or section == TLSServerSection():
         return None
-    _check_keys(section, {"cert_file", "key_file", "client_auth_type", "client_ca_file",
-                          "min_version", "max_version", *IGNORED_TLS_KEYS}, where)
-    for key in sorted(IGNORED_TLS_KEYS & set(section)):
-        # Accepted so that one web config serves Go exporters and ours alike; said once
-        # at start-up because a cipher restriction that silently does nothing is a trap.
-        log.warning(f"{where}.{key} is accepted for compatibility with exporter-toolkit and "
-                    "ignored: Python's OpenSSL defaults apply (docs/web-config.md)")
-    for key in ("cert_file", "key_file"):
-        if not isinstance(section.get(key), str) or not section[key]:
-            raise ConfigError(f"{where}.{key} is required")
-    auth = section.get("client_auth_type") or "NoClientCert"
-    if auth not in CLIENT_AUTH_TYPES:
-        raise ConfigError(f"{where}.client_auth_type {auth!r} is not one of "
-                          f"{', '.join(CLIENT_AUTH_TYPES)}")
-    for key in ("min_version", "max_version"):
-        if section.get(key) is not None and section[key] not in TLS_VERSIONS:
-            raise ConfigError(f"{where}.{key} {section[key]!r} is not one of "
-                              f"{', '.join(TLS_VERSIONS)}")
-    ca = section.get("client_ca_file")
-    if CLIENT_AUTH_TYPES[auth][1] and not ca:
-        raise ConfigError(f"{where}.client_auth_type {auth} needs client_ca_file")
+    for key in IGNORED_TLS_KEYS:
+        if getattr(section, key) is not None:
+            log.warning(f"{where}.{key} is accepted for compatibility with exporter-toolkit "
+                        "and ignored: Python's OpenSSL defaults apply (docs/web-config.md)")
+    if section.cert_file is None or section.key_file is None:
+        missing = "cert_file" if section.cert_file is None else "key_file"
+        raise ConfigError(f"{where}.{missing} is required")
+    if CLIENT_AUTH_TYPES[section.client_auth_type][1] and section.client_ca_file is None:
+        raise ConfigError(f"{where}.client_auth_type {section.client_auth_type} needs "
+                          "client_ca_file")
     return TLSConfig(
-        cert_file=base / section["cert_file"],
-        key_file=base / section["key_file"],
-        client_auth_type=auth,
-        client_ca_file=base / ca if ca else None,
-        min_version=section.get("min_version") or "TLS12",
-        max_version=section.get("max_version"),
+        cert_file=Path(section.cert_file),
+        key_file=Path(section.key_file),
+        client_auth_type=section.client_auth_type,
+        client_ca_file=Path(section.client_ca_file) if section.client_ca_file else None,
+        min_version=section.min_version,
+        max_version=section.max_version,
     )
 
 
-def _users(section: dict[str, Any], where: str) -> dict[str, bytes]:
-    users: dict[str, bytes] = {}
-    for user, hashed in section.items():
-        if not isinstance(hashed, str) or not hashed.startswith(_BCRYPT_PREFIXES) \
-                or len(hashed) != 60:
+def _users(users: dict[str, str], where: str) -> dict[str, bytes]:
+    for user, hashed in users.items():
+        if not hashed.startswith(_BCRYPT_PREFIXES) or len(hashed) != 60:
             raise ConfigError(f"{where}: the password hash of user {user!r} is not a bcrypt "
                               "hash ($2a$/$2b$/$2y$, 60 characters)")
-        users[str(user)] = hashed.encode()
-    return users
+    return {user: hashed.encode() for user, hashed in users.items()}
 
 
 def parse_web_config(data: Any, source: Path | None = None) -> WebConfig:
-    """Validate a loaded YAML document (``source`` only names it in errors)."""
+    """Validate a loaded YAML document (``source`` names it in errors, and relative
+    paths in it are relative to its folder)."""
     where = str(source) if source else "web config"
-    root = _mapping(data, where)
-    _check_keys(root, {"tls_server_config", "basic_auth_users", "http_server_config"}, where)
-    base = source.parent if source else Path.cwd()
-    tls = _tls(_mapping(root.get("tls_server_config"), f"{where}: tls_server_config"),
-               base, f"{where}: tls_server_config")
-    users = _users(_mapping(root.get("basic_auth_users"), f"{where}: basic_auth_users"),
-                   f"{where}: basic_auth_users")
-    http = _mapping(root.get("http_server_config"), f"{where}: http_server_config")
-    headers = {str(k): str(v) for k, v in
-               _mapping(http.get("headers"), f"{where}: http_server_config.headers").items()}
-    config = WebConfig(tls=tls, basic_auth_users=users, headers=headers, source=source)
+    base = source.parent.absolute() if source else Path.cwd()
+    file = configfile.convert(data if data is not None else {}, WebFile, where, base)
+    tls = _tls(file.tls_server_config, f"{where}: tls_server_config")
+    config = WebConfig(tls=tls, basic_auth_users=_users(file.basic_auth_users,
+                                                        f"{where}: basic_auth_users"),
+                       headers=dict(file.http_server_config.headers), source=source)
     if tls is not None:
         tls.ssl_context()  # fail now, at start-up, on unreadable certificates
     return config
@@ -185,16 +180,4 @@ def load_web_config(path: str | Path | None) -> WebConfig:
     """Read ``--web.config.file``; ``None`` or an empty path means no TLS and no auth."""
     if not path:
         return WebConfig()
-    source = Path(path)
-    try:
-        text = source.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"cannot read web config {source}: {exc.strerror}") from None
-    import yaml  # only with a config file: a tenth of the agent's start-up otherwise
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"web config {source} is not valid YAML: "
-                          f"{str(exc).splitlines()[0]}") from None
-    return parse_web_config(data, source)
+    return parse_web_config(load_yaml_file(path, "web config"), Path(path))
