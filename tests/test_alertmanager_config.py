@@ -11,7 +11,12 @@ from typing import Any
 import pytest
 import yaml
 
-from colossalai_exporter.rulesgen.rules import ALERT_NAMES, CAUSE_ALERTS, CONSEQUENCE_ALERTS
+from colossalai_exporter.rulesgen.rules import (
+    ALERT_NAMES,
+    CAUSE_ALERTS,
+    CONSEQUENCE_ALERTS,
+    SPECIFIC_CAUSE_ALERTS,
+)
 from conftest import REPO, http_get, require_binary, wait_until
 from prometheus_helpers import running_alertmanager
 
@@ -109,6 +114,10 @@ def test_cause_alerts_inhibit_their_runs_consequences_as_the_rules_define_them()
         "target_matchers": [f'alertname=~"{"|".join(CONSEQUENCE_ALERTS)}"'],
         "equal": ["run"]}
     assert set(CAUSE_ALERTS) | set(CONSEQUENCE_ALERTS) <= set(ALERT_NAMES)
+    assert _config()["inhibit_rules"][2] == {
+        "source_matchers": [f'alertname=~"{"|".join(SPECIFIC_CAUSE_ALERTS)}"'],
+        "target_matchers": ['alertname="TrainingHangSuspect"'],
+        "equal": ["run"]}
 
 
 STALLED = {

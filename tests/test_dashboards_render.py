@@ -5,7 +5,8 @@ mapping (``RankState`` -> snapshot -> ``training.families``): rank 1 steps,
 has a loss, a checkpoint and a heartbeat; rank 0 stopped stepping 100 s ago
 with a 2 s budget, so TrainingStalled fires (its ``for`` overridden to 0 s).
 Neither rank runs Gemini, so exactly the two panels that read only Gemini
-series must come back empty; nothing is scraped for the node and chat
+series must come back empty, with the two that read the node agents' view of a
+hang; nothing is scraped for the node and chat
 dashboards, so all their panels are empty except the firing-alerts table,
 which (like Grafana's with an empty job variable) shows the job-less Watchdog.
 """
@@ -34,6 +35,8 @@ pytestmark = pytest.mark.slow
 
 DASHBOARDS_DIR = REPO / "grafana" / "dashboards"
 GEMINI_ONLY = {"Gemini chunk memory by device", "Gemini host↔device traffic"}
+# Read from the node agents, and only while a run hangs: no agent is scraped here.
+WAITING_PANELS = {"Who the job is waiting for", "Where each stalled rank is"}
 
 
 class TwoRanks(Collector):
@@ -128,10 +131,11 @@ def test_renders_every_dashboard_and_reports_the_empty_panels(
 
     training = results["colossalai-training"]
     assert training.variables == {"job": "colossalai-training", "rank": ".*"}
-    assert set(training.empty_panels) == GEMINI_ONLY, training.empty_panels
+    assert set(training.empty_panels) == GEMINI_ONLY | WAITING_PANELS, training.empty_panels
     assert set(training.empty_queries) == {
         "Gemini chunk memory by device A", "Gemini host↔device traffic A",
-        "Gemini host↔device traffic B"}
+        "Gemini host↔device traffic B", "Who the job is waiting for A",
+        "Where each stalled rank is A"}
     (alerts,) = [p for p in training.panels if p.title == "Firing alerts"]
     firing = {s.labels["alertname"] for q in alerts.queries for s in q.series}
     assert firing == {"TrainingStalled"}
@@ -155,7 +159,7 @@ def test_renders_every_dashboard_and_reports_the_empty_panels(
     assert code == 1
     assert printed[0].startswith(f"wrote {tmp_path / 'cli' / 'colossalai-training.png'} (")
     assert sorted(printed[1:]) == sorted(f"no data: colossalai-training: {t}"
-                                         for t in GEMINI_ONLY)
+                                         for t in GEMINI_ONLY | WAITING_PANELS)
 
 
 def test_legend_text_follows_grafana() -> None:

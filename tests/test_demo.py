@@ -88,7 +88,7 @@ def test_stall_story_health_evidence_and_node_agent_view(tmp_path: Path,
     assert samples[("colossalai_training_steps_total", "0")] == 30
     evidence = wait_until(lambda: sorted((tmp_path / "run").glob("stacks-rank0-*.txt")),
                           timeout=10, what="the stall evidence file")
-    assert "wait_for_a_peer_that_never_answers" in evidence[0].read_text()
+    assert "hang_like_a_kernel_that_never_returns" in evidence[0].read_text()
 
     assert demo.proc.wait(60) == 0, demo.output()
     out = demo.output()

@@ -161,6 +161,10 @@ RANKS: tuple[Metric, ...] = (
     _m("colossalai_rank_snapshot_age_seconds", "gauge",
        "Seconds since the rank last published its state snapshot.", ("rank",), "seconds",
        "ranks"),
+    _m("colossalai_rank_process_alive", "gauge",
+       "1 while the rank's process exists (whether or not it answers), 0 once it is gone; "
+       "absent for a rank in another PID namespace.",
+       ("rank",), component="ranks"),
     _m("colossalai_rank_process_stopped", "gauge",
        "1 while the rank's process exists but is stopped (SIGSTOP, a debugger), 0 otherwise.",
        ("rank",), component="ranks"),
@@ -233,6 +237,12 @@ TRAINING: tuple[Metric, ...] = (
        "checkpoint, kernels, boost, evaluation, run, caught), its type, the device for an "
        "out-of-memory error, and its first line.",
        ("rank", "where", "type", "device", "message"), component="training"),
+    _m("colossalai_training_activity_info", "info",
+       "Where a stalled rank's training thread is (always 1; present only while the rank "
+       "is stalled): activity collective, backward (both: waiting for other ranks when "
+       "the run is stalled), data, checkpoint or compute; the c10d function of a "
+       "collective; the innermost Python frame as file:line in function.",
+       ("rank", "activity", "collective", "frame"), component="training"),
     _m("colossalai_training_last_error_timestamp_seconds", "gauge",
        "When the rank's last error was raised.", ("rank",), "seconds", "training"),
     _m("colossalai_gemini_chunk_memory_bytes", "gauge",

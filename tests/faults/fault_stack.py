@@ -45,7 +45,8 @@ INTERVAL = 1.0  # Prometheus' scrape and evaluation interval in the suite
 RULES_OVERRIDE = """
 expected_jobs: [colossalai-node]
 for:
-  TrainingStalled: 2s
+  TrainingStalled: 5s
+  TrainingHangSuspect: 0s
   TrainingStartupStuck: 2s
   CheckpointStuck: 2s
   TrainingRankDown: 10s

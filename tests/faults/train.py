@@ -51,6 +51,20 @@ armed = threading.Event()
 signal.signal(signal.SIGUSR1, lambda signum, frame: armed.set())
 
 
+class RandomBatches(torch.utils.data.IterableDataset[torch.Tensor]):
+    """The data loader's source; with FAULT=data_stuck it blocks, once armed, on the
+    faulty rank: a read from a network filesystem that never returns."""
+
+    def __init__(self, stuck: bool) -> None:
+        self.stuck = stuck
+
+    def __iter__(self) -> Any:
+        while True:
+            if self.stuck and armed.is_set():
+                time.sleep(3600)
+            yield torch.randn(16, 32)
+
+
 def slow_kernel_loader() -> Any:
     """A real ``KernelLoader`` whose only extension takes ten minutes to build.
 
@@ -110,22 +124,27 @@ def main() -> int:
     booster = Booster(plugin=TorchDDPPlugin())
     model, optimizer, criterion, _, _ = monitor.boost(booster, model, optimizer, criterion)
     print(f"rank {rank}: training", flush=True)
+    batches = iter(torch.utils.data.DataLoader(RandomBatches(FAULT == "data_stuck" and mine),
+                                               batch_size=None))
+    step_seconds = STEP_SECONDS
 
     step = 0
     while True:
         step += 1
+        x = next(batches)
+        if armed.is_set() and FAULT == "all_slow":
+            step_seconds = 1.0  # every rank: slower, well within the 5 s budget
         fault_now = armed.is_set() and mine
         try:
             with monitor.step(samples=16) as current:
                 if fault_now:
                     inject_in_step()
-                x = torch.randn(16, 32)
                 loss = criterion(model(x), x[:, :1] * 2.0 + 0.1)
                 booster.backward(loss, optimizer)
                 optimizer.step()
                 optimizer.zero_grad()
                 current.loss = loss.detach()
-                time.sleep(STEP_SECONDS)
+                time.sleep(step_seconds)
         except (torch.OutOfMemoryError, RuntimeError) as exc:
             if FAULT not in ("oom_caught", "host_oom"):
                 raise

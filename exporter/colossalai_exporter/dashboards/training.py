@@ -79,6 +79,32 @@ def status_row() -> Row:
     ))
 
 
+def waiting_row(node: Selector) -> Row:
+    """Who the job is waiting for: TrainingHangSuspect and where each stalled rank is.
+
+    Both come from the node agents (the only view of every rank), joined to the
+    selected job through the ``run`` its rank servers report.
+    """
+    runs = f'max by (run) ({JOB("colossalai_training_info")})'
+    where = (f"{node('colossalai_training_activity_info')}\n"
+             f"  * on (job, instance, rank) group_left (run)\n"
+             f"    max by (job, instance, rank, run) ({node('colossalai_training_info')})\n"
+             f"  * on (run) group_left () {runs}")
+    return Row("Who the job is waiting for", (
+        table("Who the job is waiting for",
+              "TrainingHangSuspect: the rank a stalled run waits for (outside any collective "
+              "while others wait inside one, or alive but not answering, or stopped). "
+              "Empty while the job runs; see the runbook.",
+              Query('ALERTS{alertname="TrainingHangSuspect", alertstate="firing"}\n'
+                    f"  * on (run) group_left () {runs}", table=True), w=12, h=7),
+        table("Where each stalled rank is",
+              "Every stalled rank's activity (collective and backward: waiting for others; "
+              "compute, data, checkpoint: not), the collective it is in and its innermost "
+              "Python frame, sampled by its monitor about once a second.",
+              Query(where, table=True), w=12, h=7),
+    ))
+
+
 def progress_row(config: RulesConfig) -> Row:
     ratio = config.thresholds.straggler_ratio
     return Row("Progress", (
@@ -233,8 +259,8 @@ def build(config: RulesConfig) -> Dashboard:
             variables.label_values("rank", "rank", JOB("colossalai_training_phase"),
                                    multi=True, numeric=True, all_value=".*"),
         ),
-        rows=(status_row(), progress_row(config), checkpoint_row(config), gemini_row(),
-              heartbeat_row(config)),
+        rows=(status_row(), waiting_row(Selector(config.selectors.node)), progress_row(config),
+              checkpoint_row(config), gemini_row(), heartbeat_row(config)),
         alerts_annotation='ALERTS{alertstate="firing", job=~"$job"}',
         tags=("training",),
     )

@@ -114,11 +114,12 @@ def torch_setup(backend: str, monitor_factory: Callable[[], TrainingMonitor]) ->
     return monitor, train_step, save
 
 
-def wait_for_a_peer_that_never_answers(seconds: float) -> None:
-    """The demo's stall: what a rank blocked in a collective looks like from outside.
+def hang_like_a_kernel_that_never_returns(seconds: float) -> None:
+    """The demo's stall: this rank stops, as one stuck in a kernel does; the other
+    ranks then wait for it inside their next all-reduce.
 
-    Named so that the stall evidence file (every thread's Python stack) shows
-    where the loop is stuck, as it would show a real hang in an all-reduce.
+    Named so that the stall evidence file (every thread's Python stack) and
+    TrainingHangSuspect's description (its innermost frame) show where it is.
     """
     deadline = time.monotonic() + seconds if seconds > 0 else float("inf")
     while time.monotonic() < deadline:
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
                 save(args.checkpoint_dir / name, i)
             if i == args.stall_after or stall_requested.is_set():
                 print(f"rank {rank}: stalling after step {i}", flush=True)
-                wait_for_a_peer_that_never_answers(args.stall_for)
+                hang_like_a_kernel_that_never_returns(args.stall_for)
                 stalled_at = i
                 break
         if stalled_at:  # the run did not do its steps: say so rather than "finished"

@@ -6,10 +6,12 @@ them and, for each rank, serves:
 
 * ``colossalai_rank_up`` — 1 while the rank's process is alive (the pid exists
   and started when the snapshot says, so a reused pid does not count) and its
-  snapshot is fresher than ``stale_after``; a rank SIGKILLed or OOM-killed by
-  the kernel drops to 0 at once, a frozen one (SIGSTOP, GIL held by a C call)
-  once its snapshot ages;
-* ``colossalai_rank_snapshot_age_seconds`` and ``colossalai_rank_process_stopped``;
+  snapshot is fresh (two of the rank's publish intervals plus 2 s, at most
+  ``stale_after``: :meth:`RanksCollector.stale_limit`); a rank SIGKILLed or
+  OOM-killed by the kernel drops to 0 at once, a frozen one (SIGSTOP, GIL held
+  by a C call) once its snapshot ages;
+* ``colossalai_rank_snapshot_age_seconds``, ``colossalai_rank_process_alive`` and
+  ``colossalai_rank_process_stopped``;
 * the rank's training series from its last snapshot, with the stall judged
   again now (``colossalai_training_stalled``): a frozen rank cannot say it is
   stuck, the agent can.
@@ -205,24 +207,38 @@ class RanksCollector:
         up = catalogue.family("colossalai_rank_up")
         age = catalogue.family("colossalai_rank_snapshot_age_seconds")
         stopped = catalogue.family("colossalai_rank_process_stopped")
+        alive_fam = catalogue.family("colossalai_rank_process_alive")
         training: dict[str, MetricFamily] = {}
         for rank, snap in look.snapshots:
             snap_age = max(0.0, now - snap.written)
             pids_mean_something = not self._other_namespace(snap.pid_ns)
+            stale_after = self.stale_limit(snap)
             if pids_mean_something:
                 alive, is_stopped = process_state(snap.pid, snap.pid_start)
             else:
-                alive, is_stopped = snap_age <= self.stale_after, False
+                alive, is_stopped = snap_age <= stale_after, False
             if not alive and snap_age > self.forget_after:
                 continue
             label = [str(rank)]
-            fresh = alive and snap_age <= self.stale_after
+            fresh = alive and snap_age <= stale_after
             up.add_metric(label, 1.0 if fresh else 0.0)
             age.add_metric(label, snap_age)
             if pids_mean_something:
                 stopped.add_metric(label, 1.0 if is_stopped else 0.0)
+                alive_fam.add_metric(label, 1.0 if alive else 0.0)
             self._merge(training, families(snap, now=now))
-        return [up, age, stopped, self._errors_family(), *training.values()]
+        return [up, age, stopped, alive_fam, self._errors_family(), *training.values()]
+
+    def stale_limit(self, snap: Snapshot) -> float:
+        """How old a live rank's snapshot may be before the rank counts as not answering.
+
+        Two publish intervals and 2 s of slack when the snapshot says its interval (a
+        rank hung in a C call holding the GIL shows within seconds, in time to be
+        named as the rank a hang waits for); ``stale_after`` otherwise, and at most.
+        """
+        if snap.publish_interval is None:
+            return self.stale_after
+        return min(self.stale_after, max(2 * snap.publish_interval, 1.0) + 2.0)
 
     def _other_namespace(self, rank_ns: int | None) -> bool:
         # Unknown on either side (an older snapshot, no /proc): trust the pid, as before.
@@ -249,7 +265,7 @@ class RanksCollector:
 
     def _empty(self) -> list[MetricFamily]:
         names = ("colossalai_rank_up", "colossalai_rank_snapshot_age_seconds",
-                 "colossalai_rank_process_stopped")
+                 "colossalai_rank_process_stopped", "colossalai_rank_process_alive")
         return [catalogue.family(n) for n in names]
 
     def close(self) -> None:

@@ -33,8 +33,12 @@ INFO = "colossalai_training_info"
 # The alerts that name the cause of a failure. In deploy/alertmanager/alertmanager.yml
 # each mutes, for its run, the alerts that follow from it (docs/rules.md, "One incident,
 # one page").
-CAUSE_ALERTS = ("GeminiOutOfMemory", "KernelBuildFailed", "CheckpointFailing",
-                "CheckpointStuck")
+# The rank a hang waits for (TrainingHangSuspect) is a cause to the stalls and the
+# rank-down it explains, and itself follows from a named cause (a checkpoint stuck in
+# torch.save leaves that rank outside any collective while the others wait).
+SPECIFIC_CAUSE_ALERTS = ("GeminiOutOfMemory", "KernelBuildFailed", "CheckpointFailing",
+                         "CheckpointStuck")
+CAUSE_ALERTS = (*SPECIFIC_CAUSE_ALERTS, "TrainingHangSuspect")
 CONSEQUENCE_ALERTS = ("TrainingRankDown", "TrainingStalled", "NCCLRendezvousDown",
                       "TrainingStartupStuck", "KernelsNotReady")
 
@@ -124,6 +128,94 @@ def _since_died() -> str:
                       extra=" == 0")
 
 
+WAITING = 'activity=~"collective|backward"'
+NOT_WAITING = 'activity!~"collective|backward"'
+OWN_PHASES = 'phase=~"init|kernels|checkpointing|finished|failed"'
+
+
+def _waiting_text(n: Selector) -> str:
+    """" while 3 other rank(s) wait in collective (all_reduce)": the run's waiting ranks,
+    from the node agents' view (which sees every rank), largest group first."""
+    waiting = (f"topk(1, count by (activity, collective) ("
+               f"{n('colossalai_training_activity_info', WAITING)} * on (job, instance, rank) "
+               f"group_left () {n(INFO, 'run=%q')}))")
+    fmt = waiting.replace('"', '\\"')
+    return (f'{{{{ with printf "{fmt}" $labels.run | query }}}}{{{{ with first . }}}}'
+            " while {{ .Value | printf \"%.0f\" }} other rank(s) wait in "
+            "{{ .Labels.activity }}{{ with .Labels.collective }} ({{ . }}){{ end }}"
+            "{{ end }}{{ end }}")
+
+
+def hang_suspects(t: Selector, n: Selector) -> tuple[Alert, Alert]:
+    """TrainingHangSuspect: the rank a stalled run waits for (training/activity.py).
+
+    Waiting ranks are inside a collective or inside backward (where gradient
+    all-reduces wait); the suspect is a stalled rank elsewhere while others
+    wait, or a rank that does not answer at all while others wait. A rank that
+    merely waits is never one.
+    """
+    info = "colossalai_training_activity_info"
+
+    def answering(sel: Selector, vector: str) -> str:
+        # A dead rank's last snapshot still says where it was: only ranks that answer.
+        return f"{vector}\nunless on (job, instance, rank)\n  ({sel('colossalai_rank_up')} == 0)"
+
+    def waiting_ranks(sel: Selector) -> str:
+        return f"count by (run) (\n{indent(with_run(answering(sel, sel(info, WAITING)), sel))}\n)"
+
+    # A rank in start-up or a checkpoint has its own budget and alert, which say more
+    # (TrainingStartupStuck, CheckpointStuck); finished and failed ranks wait for no one.
+    def in_own_phase(sel: Selector) -> str:
+        return (f"unless ignoring (phase)\n  "
+                f"{sel('colossalai_training_phase', OWN_PHASES)} == 1")
+
+    def elsewhere(sel: Selector) -> str:
+        active = sel(info, NOT_WAITING)
+        return (answering(sel, f"max without (collective, frame) (\n  {active}\n)")
+                + "\n" + in_own_phase(sel))
+
+    # Ranks that wait, in either view (a rank counted in both still makes a run wait).
+    others_wait = (f"and on (run)\n(\n{indent(waiting_ranks(n))}\n  or\n"
+                   f"{indent(waiting_ranks(t))}\n)")
+    not_answering = expr(f"""
+        (
+            ({n("colossalai_rank_up")} == 0 and on (job, instance, rank)
+              {n("colossalai_rank_process_alive")} == 1)
+          or
+            {n("colossalai_rank_process_stopped")} == 1
+        )
+    """) + "\n" + in_own_phase(n)
+
+    outside = Alert(
+        "TrainingHangSuspect",
+        f"(\n{indent(on_any_rank(elsewhere, t, n))}\n)\n{others_wait}",
+        "critical", "The rank a stalled training run is waiting for.",
+        fill("Rank [[$rank]][[of_run]] on [[$instance]] is the rank the others wait for: "
+             "it has made no step within its budget and is outside any collective, in "
+             "[[$activity]] at [[frame]][[waiting]].[[last_error]]",
+             frame=with_first(info, RANK, "{{ .Labels.frame }}"),
+             waiting=_waiting_text(n), last_error=_last_error()),
+        _training_dash(), cause="outside_collective")
+    stopped_query = "colossalai_rank_process_stopped{job=%q,instance=%q,rank=%q} == 1"
+    not_responding = Alert(
+        "TrainingHangSuspect",
+        # The node agent's view: the process exists but publishes nothing (a C call
+        # holding the GIL, D state) or is stopped, while other ranks of its run wait.
+        f"{with_run(not_answering, n)}\n{others_wait}",
+        "critical", "The rank a stalled training run is waiting for.",
+        fill("Rank [[$rank]][[of_run]] on [[$instance]] is the rank the others wait for: "
+             "it is not responding ([[why]]; state snapshot [[age]] old)[[waiting]]."
+             "[[last_error]]",
+             why=(f'{{{{ if printf "{stopped_query}" $labels.job $labels.instance '
+                  "$labels.rank | query }}process stopped: SIGSTOP or a debugger{{ else }}"
+                  "GIL held by a C call, or the process frozen{{ end }}"),
+             age=query("colossalai_rank_snapshot_age_seconds", RANK,
+                       "value | humanizeDuration"),
+             waiting=_waiting_text(n), last_error=_last_error()),
+        _nodes_dash(), cause="not_responding")
+    return outside, not_responding
+
+
 def _budget() -> str:
     return query("colossalai_training_step_timeout_seconds", RANK, "value | humanizeDuration")
 
@@ -197,6 +289,7 @@ def training(config: RulesConfig) -> RuleFile:
                  "for {{ $value | humanizeDuration }} (step budget [[budget]]).",
                  budget=_budget()),
             _training_dash()),
+        *hang_suspects(t, n),
         phase_over_budget(
             "TrainingStartupStuck", "init|kernels",
             "A training rank is stuck in start-up (init or kernel build) beyond its budget.",
@@ -595,9 +688,9 @@ def alert_names() -> set[str]:
 
 
 ALERT_NAMES = (
-    "TrainingStalled", "TrainingStartupStuck", "CheckpointStuck", "CheckpointOverdue",
-    "TrainingRankDown", "TrainingStraggler", "GeminiOutOfMemory", "CheckpointFailing",
-    "KernelBuildFailed", "KernelsNotReady",
+    "TrainingStalled", "TrainingHangSuspect", "TrainingStartupStuck", "CheckpointStuck",
+    "CheckpointOverdue", "TrainingRankDown", "TrainingStraggler", "GeminiOutOfMemory",
+    "CheckpointFailing", "KernelBuildFailed", "KernelsNotReady",
     "TrainingHeartbeatFailing", "GPUMemoryOOMRisk", "HostMemoryOOMRisk", "CheckpointDiskLow",
     "DiskPathBroken", "NCCLRendezvousDown", "GPUCollectorDown", "ChatServerDown",
     "ChatEngineError", "ChatLatencyHigh", "ExporterDown", "BridgeDeliveryFailing",

@@ -79,6 +79,7 @@ def families(snap: Snapshot, now: float | None = None) -> list[MetricFamily]:
     _counter(out, "colossalai_kernel_build_failures_total", rank, snap.kernel_failures,
              created)
     out.extend(_last_error(snap, rank))
+    out.append(_activity(snap, rank, stalled))
 
     oom = _fam("colossalai_gemini_oom_total")
     for device in DEVICES:
@@ -112,6 +113,17 @@ def _checkpoint_and_gemini(snap: Snapshot, rank: str, created: float) -> list[Me
         _counter(out, "colossalai_gemini_h2d_bytes_total", rank, gemini.h2d, created)
         _counter(out, "colossalai_gemini_d2h_bytes_total", rank, gemini.d2h, created)
     return out
+
+
+def _activity(snap: Snapshot, rank: str, stalled: bool) -> MetricFamily:
+    # Only while the rank is stalled: then its place names who a hang waits for, and
+    # it does not move. A healthy rank's place changes every second (no series churn).
+    info = _fam("colossalai_training_activity_info")
+    where = snap.activity
+    if stalled and where is not None:
+        info.add_metric([rank, where.kind, where.collective, where.frame], {})
+    served: MetricFamily = info
+    return served
 
 
 def _last_error(snap: Snapshot, rank: str) -> list[MetricFamily]:

@@ -31,8 +31,8 @@ from types import TracebackType
 from typing import Any, Literal
 
 from colossalai_exporter.errors import ConfigError
+from colossalai_exporter.training import activity, flight_recorder
 from colossalai_exporter.training import fatal as _fatal_hook
-from colossalai_exporter.training import flight_recorder
 from colossalai_exporter.training import snapshot as snapfiles
 from colossalai_exporter.training.device_loss import DeviceLossReader
 from colossalai_exporter.training.errors import error_record, space_note
@@ -264,6 +264,9 @@ class TrainingMonitor:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._was_stalled = False
+        # The thread that trains: the main thread, as in every launcher's script
+        # (torchrun, colossalai run). Sampled, never touched (training/activity.py).
+        self._training_thread = threading.main_thread().ident
         self._thread: threading.Thread | None = None
         self._server: Any = None
         self._pollers: list[Callable[[RankState], None]] = []
@@ -681,9 +684,19 @@ class TrainingMonitor:
             except Exception as exc:
                 self._error("hook", exc)
 
+    def _sample_activity(self, snap: Snapshot) -> None:
+        # From the publisher (or a scrape's) thread; a few microseconds, nothing on the
+        # training thread. Where a stalled rank is names the rank a hang waits for.
+        snap.publish_interval = self._publish_interval
+        try:
+            snap.activity = activity.sample(self._training_thread)
+        except Exception as exc:
+            self._error("stacks", exc)
+
     def snapshot(self) -> Snapshot:
         """The rank's current state, as snapshot files and /metrics carry it."""
         snap = self._state.snapshot(self.budgets)
+        self._sample_activity(snap)
         # The publisher counts a stall when it first sees it; a scrape may see it first.
         if snap.stalled and not self._was_stalled:
             snap.stalls += 1
@@ -708,6 +721,7 @@ class TrainingMonitor:
         try:
             self._refresh()
             snap = self._state.snapshot(self.budgets)
+            self._sample_activity(snap)
             if snap.stalled and not self._was_stalled:
                 self._on_stall(snap)
                 snap.stalls = self._state.stalls

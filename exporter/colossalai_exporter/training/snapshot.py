@@ -18,6 +18,8 @@ from typing import Final, Literal
 
 import msgspec
 
+from colossalai_exporter.training.activity import Activity
+
 # The snapshot's format version. A reader takes every version up to its own (fields
 # added since have defaults) and refuses a newer one: a training image newer than
 # the node agent costs that rank its outside view (counted, reason "version"), not
@@ -104,6 +106,10 @@ class Snapshot(msgspec.Struct, kw_only=True):
     info: dict[str, str] = msgspec.field(default_factory=dict)
     stalled: bool = False
     reason: str = ""
+    #: where the training thread was when this was written (training/activity.py)
+    activity: Activity | None = None
+    #: how often the publisher writes: a reader knows when the next one is overdue
+    publish_interval: float | None = None
 
     def __post_init__(self) -> None:
         if len(self.step_hist) != len(self.step_buckets) + 1:

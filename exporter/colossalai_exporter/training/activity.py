@@ -1,0 +1,95 @@
+"""Where a rank's training thread is, sampled from the publisher thread.
+
+When a job hangs, every rank stops stepping, and the question is which rank
+the others wait for. The ranks that wait are inside a collective (or inside
+``backward``, where DDP, ZeRO and Gemini all-reduce gradients and wait for
+them); the rank they wait for is elsewhere: in its own compute, in its data
+loader, or not running Python at all. So the publisher, about once a second,
+looks at the training thread's current Python stack (``sys._current_frames``,
+a few microseconds, no signal, nothing on the training thread) and classifies
+it by the innermost frame that belongs to a known part of torch:
+
+========================  ==============  ====================================
+frame in                  activity        what the rank is doing
+========================  ==============  ====================================
+``torch/distributed/``    ``collective``  a c10d call (all_reduce, barrier, …)
+``torch.autograd`` entry   ``backward``    backward, gradient all-reduce waits
+``torch/utils/data/``     ``data``        the data loader
+``torch/serialization``   ``checkpoint``  torch.save / torch.load
+anything else             ``compute``     the model, the optimizer, user code
+========================  ==============  ====================================
+
+A thread blocked in C with the GIL held cannot be sampled: the publisher does
+not run, the snapshot ages, and the node agent reports the rank as not
+responding, which is the answer in that case.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Final
+
+import msgspec
+
+ACTIVITIES: Final = ("compute", "backward", "collective", "data", "checkpoint")
+#: activities of a rank that waits for others, when the run is stalled
+WAITING: Final = ("collective", "backward")
+_CATEGORIES: Final = (
+    ("/torch/distributed/", "collective"),
+    # backward's entry points only: torch/autograd/function.py also runs custom
+    # Functions' forward, which is compute.
+    ("/torch/autograd/__init__.py", "backward"),
+    ("/torch/autograd/graph.py", "backward"),
+    ("/torch/utils/data/", "data"),
+    ("/torch/serialization.py", "checkpoint"),
+)
+# The monitor's own frames (monitor.step()'s block) say nothing about the rank.
+_OWN: Final = f"{os.sep}colossalai_exporter{os.sep}training{os.sep}"
+# c10d wraps its API in logging decorators; the collective is the wrapped name.
+_WRAPPERS: Final = frozenset({"wrapper", "_fn", "inner"})
+
+
+class Activity(msgspec.Struct, kw_only=True, frozen=True):
+    """One sample: ``kind`` (one of :data:`ACTIVITIES`), the innermost frame as
+    ``file.py:123 in function``, and for a collective the c10d function's name."""
+
+    kind: str
+    frame: str = ""
+    collective: str = ""
+
+
+def sample(thread_id: int | None) -> Activity | None:
+    """Where the thread ``thread_id`` is now; None when it is not running Python."""
+    if thread_id is None:
+        return None
+    frame = sys._current_frames().get(thread_id)
+    top = ""
+    while frame is not None:
+        filename = frame.f_code.co_filename
+        if _OWN in filename:
+            frame = frame.f_back
+            continue
+        if not top:
+            top = f"{os.path.basename(filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
+        for marker, kind in _CATEGORIES:
+            if marker in filename.replace(os.sep, "/"):
+                collective = _collective_name(frame) if kind == "collective" else ""
+                return Activity(kind=kind, frame=top, collective=collective)
+        frame = frame.f_back
+    return Activity(kind="compute", frame=top) if top else None
+
+
+def _collective_name(frame: object) -> str:
+    """The outermost torch.distributed function on the stack from ``frame`` outwards:
+    the API call the user's code (or a framework's) made."""
+    name = ""
+    current = frame
+    while current is not None:
+        code = current.f_code  # type: ignore[attr-defined]
+        if "/torch/distributed/" not in code.co_filename.replace(os.sep, "/"):
+            break
+        if code.co_name not in _WRAPPERS and not code.co_name.startswith("_"):
+            name = code.co_name
+        current = current.f_back  # type: ignore[attr-defined]
+    return name

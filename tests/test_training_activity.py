@@ -1,0 +1,137 @@
+"""Where a rank's training thread is (training/activity.py), sampled in real processes.
+
+The classification names the rank a hang waits for (TrainingHangSuspect), so each
+activity is produced the way a job produces it: a real gloo all-reduce another rank
+has not joined, a real backward, a real DataLoader, user compute; and the cost of a
+sample is what the publisher pays once a second.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from colossalai_exporter.training.activity import Activity, sample
+from conftest import cli_env, free_port, require
+
+TWO_RANKS = textwrap.dedent("""
+    import json, sys, threading, time
+    import torch
+    import torch.distributed as dist
+    from colossalai_exporter.training.activity import sample
+
+    rank, port = int(sys.argv[1]), sys.argv[2]
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + port, rank=rank,
+                            world_size=2)
+    if rank == 1:
+        time.sleep(float(sys.argv[3]))      # late: rank 0 waits in all_reduce for it
+        dist.all_reduce(torch.ones(4))
+    else:
+        main = threading.main_thread().ident
+        seen = []
+        def watch():
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                where = sample(main)
+                if where is not None and where.kind == "collective":
+                    seen.append(where)
+                    return
+                time.sleep(0.05)
+        watcher = threading.Thread(target=watch)
+        watcher.start()
+        dist.all_reduce(torch.ones(4))
+        watcher.join()
+        print(json.dumps([{"kind": w.kind, "collective": w.collective, "frame": w.frame}
+                          for w in seen]))
+    dist.destroy_process_group()
+""")
+
+
+def test_a_rank_waiting_in_all_reduce_is_in_a_collective(tmp_path: Path) -> None:
+    require(importlib.util.find_spec("torch") is not None, "torch (scripts/install-dev.sh)")
+    script = tmp_path / "two_ranks.py"
+    script.write_text(TWO_RANKS)
+    port = str(free_port())
+    # rank 1 joins only after rank 0 has been seen waiting (or 60 s): no race on speed
+    late = subprocess.Popen([sys.executable, str(script), "1", port, "3"], env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    waiting = subprocess.run([sys.executable, str(script), "0", port], env=cli_env(),
+                             capture_output=True, text=True, timeout=120, check=False)
+    late.communicate(timeout=120)
+    assert waiting.returncode == 0, waiting.stderr
+    seen = json.loads(waiting.stdout.strip().splitlines()[-1])
+    assert seen and seen[0]["kind"] == "collective", seen
+    assert seen[0]["collective"] == "all_reduce"
+    assert seen[0]["frame"]  # the innermost Python frame, inside torch.distributed
+
+
+def test_backward_data_and_compute_are_told_apart() -> None:
+    require(importlib.util.find_spec("torch") is not None, "torch (scripts/install-dev.sh)")
+    import torch
+
+    stop = threading.Event()  # set by the watcher once it has seen what it looks for
+
+    def busy() -> None:  # user compute: no torch frame on the stack
+        deadline = time.monotonic() + 30
+        while not stop.is_set() and time.monotonic() < deadline:
+            sum(range(1000))
+
+    class Slow(torch.utils.data.IterableDataset[torch.Tensor]):
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                time.sleep(0.01)
+                yield torch.zeros(1)
+
+    def load() -> None:
+        for _ in torch.utils.data.DataLoader(Slow(), batch_size=None):
+            if stop.is_set():
+                return
+
+    model = torch.nn.Linear(512, 512)
+    x = torch.randn(256, 512)
+
+    def backward() -> None:
+        deadline = time.monotonic() + 30
+        while not stop.is_set() and time.monotonic() < deadline:
+            model(x).pow(2).sum().backward()
+
+    for work, kind, frame in ((busy, "compute", "in busy"), (load, "data", "in __iter__"),
+                              (backward, "backward", "_engine_run_backward")):
+        stop.clear()
+        where = _sample_until(work, frame, stop)
+        assert where.kind == kind, where
+
+
+def _sample_until(work: Callable[[], None], frame: str, stop: threading.Event) -> Activity:
+    """Run ``work`` on the main thread until another thread samples it in ``frame``."""
+    main = threading.main_thread().ident
+    found: list[Activity] = []
+
+    def watch() -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not found:
+            where = sample(main)
+            if where is not None and frame in where.frame:
+                found.append(where)
+            time.sleep(0.005)
+        stop.set()
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    work()
+    watcher.join(35)
+    assert found, f"{frame} never seen"
+    return found[0]
+
+
+def test_a_thread_that_is_not_running_python_has_no_activity() -> None:
+    assert sample(None) is None
+    assert sample(-1) is None  # no such thread
