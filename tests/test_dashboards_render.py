@@ -35,8 +35,10 @@ pytestmark = pytest.mark.slow
 
 DASHBOARDS_DIR = REPO / "grafana" / "dashboards"
 GEMINI_ONLY = {"Gemini chunk memory by device", "Gemini host↔device traffic"}
-# Read from the node agents, and only while a run hangs: no agent is scraped here.
-WAITING_PANELS = {"Who the job is waiting for", "Where each stalled rank is"}
+# Read from the node agents, and only while a run hangs (no agent is scraped here), and
+# from the monitors' samples of the training thread, which the stand-in never takes.
+WAITING_PANELS = {"Who the job is waiting for", "Where each stalled rank is",
+                  "Share of time waiting for other ranks"}
 
 
 class TwoRanks(Collector):
@@ -135,7 +137,8 @@ def test_renders_every_dashboard_and_reports_the_empty_panels(
     assert set(training.empty_queries) == {
         "Gemini chunk memory by device A", "Gemini host↔device traffic A",
         "Gemini host↔device traffic B", "Who the job is waiting for A",
-        "Where each stalled rank is A"}
+        "Where each stalled rank is A", "Share of time waiting for other ranks A",
+        "Share of time waiting for other ranks B"}
     (alerts,) = [p for p in training.panels if p.title == "Firing alerts"]
     firing = {s.labels["alertname"] for q in alerts.queries for s in q.series}
     assert firing == {"TrainingStalled"}

@@ -243,6 +243,13 @@ TRAINING: tuple[Metric, ...] = (
        "the run is stalled), data, checkpoint or compute; the c10d function of a "
        "collective; the innermost Python frame as file:line in function.",
        ("rank", "activity", "collective", "frame"), component="training"),
+    _m("colossalai_training_activity_samples_total", "counter",
+       "Samples of the rank's training thread taken while training (about one a "
+       "second, by the monitor's publisher thread).", ("rank",), component="training"),
+    _m("colossalai_training_waiting_samples_total", "counter",
+       "Of those samples, the ones that found the thread waiting for other ranks (in a "
+       "collective or in backward): their rate over the samples' is the share of "
+       "time the rank waits.", ("rank",), component="training"),
     _m("colossalai_training_last_error_timestamp_seconds", "gauge",
        "When the rank's last error was raised.", ("rank",), "seconds", "training"),
     _m("colossalai_gemini_chunk_memory_bytes", "gauge",

@@ -47,6 +47,7 @@ expected_jobs: [colossalai-node]
 for:
   TrainingStalled: 5s
   TrainingHangSuspect: 0s
+  TrainingStraggler: 5s
   TrainingStartupStuck: 2s
   CheckpointStuck: 2s
   TrainingRankDown: 10s

@@ -87,6 +87,10 @@ CASES = [
          muted=("TrainingStalled",)),
     Case("all-slow", "every rank 20 times slower, within its step budget: a slow job is "
          "not a hang", "all_slow", -1, (), quiet=20.0),
+    Case("straggler", "rank 1 steadily slower (0.25 s more per step, within its budget): "
+         "rank 0 waits for it in backward at every step", "straggler", 1,
+         ("TrainingStraggler",), {"rank": "1", "cause": "waits_least"},
+         ("is the rank the others wait for at every step",)),
     Case("sigkill", "rank 1 SIGKILLed (what the kernel's OOM killer does)", "sigkill", 1,
          ("TrainingRankDown",), {"rank": "1", "cause": "process"},
          ("is down: its process is gone",)),

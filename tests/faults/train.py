@@ -171,6 +171,8 @@ def inject_in_step() -> None:
         raise RuntimeError(GEMINI_LAYOUT)
     if FAULT == "host_oom":
         torch.empty(2**45, dtype=torch.uint8)  # 32 TiB: the CPU allocator refuses
+    if FAULT == "straggler":
+        time.sleep(0.25)  # every step, within the 5 s budget: a slower GPU, say
     if FAULT == "frozen_compute":
         time.sleep(3600)  # a compute kernel that never returns, GIL released
     if FAULT == "gil_hang":

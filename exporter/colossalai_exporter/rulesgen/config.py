@@ -60,6 +60,8 @@ class Thresholds:
     """Numbers the alerts compare against; each is commented in rules/config.yml."""
 
     straggler_ratio: float
+    straggler_wait_ratio: float
+    straggler_min_waiting: float
     gpu_memory_used_percent: float
     host_memory_available_percent: float
     disk_free_bytes: int

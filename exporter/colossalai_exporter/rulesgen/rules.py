@@ -47,6 +47,8 @@ STEP_RATE = "job_rank:colossalai_training_steps:rate5m"
 STEP_RATE_MEDIAN = "job:colossalai_training_steps:median_rate5m"
 STEP_RATE_RATIO = "job_rank:colossalai_training_steps:rate5m_ratio_to_median"
 STEP_MEAN = "job_rank:colossalai_training_step_duration_seconds:mean5m"
+WAIT_SHARE = "run_rank:colossalai_training_waiting:ratio5m"
+WAIT_SHARE_MEDIAN = "run:colossalai_training_waiting:median_ratio5m"
 GPU_MEM_MAX = "instance:colossalai_gpu_memory_used_percent:max"
 HOST_MEM_AVAIL = "instance:colossalai_host_memory_available_bytes:percent"
 
@@ -239,6 +241,12 @@ def training(config: RulesConfig) -> RuleFile:
             /
               sum by (job, rank) (rate({t("colossalai_training_step_duration_seconds_count")}[5m]))
         """)),
+        # The share of time each rank waits for the others, from its monitor's samples of
+        # the training thread (training/activity.py), on any rank, by run.
+        Recording(WAIT_SHARE, on_any_rank(lambda sel: (
+            f"rate({sel('colossalai_training_waiting_samples_total')}[5m])\n/\n"
+            f"rate({sel('colossalai_training_activity_samples_total')}[5m])"), t, n)),
+        Recording(WAIT_SHARE_MEDIAN, f"quantile by (run) (0.5, {WAIT_SHARE})"),
     ))
 
     def phase_over_budget(name: str, phases: str, summary: str, what: str,
@@ -265,6 +273,11 @@ def training(config: RulesConfig) -> RuleFile:
                  "[[budget]]: [[what]].[[last_error]]", budget=_budget(), what=what,
                  last_error=_last_error()),
             _training_dash())
+
+    # A run with a stalled rank hangs (TrainingHangSuspect's): its ranks' shares of
+    # time waiting say nothing about a straggler then.
+    stalled_runs = "count by (run) (\n" + indent(on_any_rank(
+        lambda sel: f"{sel('colossalai_training_stalled')} == 1", t, n)) + "\n)"
 
     alerts = Group("colossalai-training.alerts", (
         Alert(
@@ -364,7 +377,29 @@ def training(config: RulesConfig) -> RuleFile:
                  "the job's median rate ([[median]] steps/s), below [[ratio]].",
                  median=query(STEP_RATE_MEDIAN, ("job",), 'value | printf "%.3g"'),
                  ratio=f"{th.straggler_ratio:.0%}"),
-            _training_dash()),
+            _training_dash(), cause="step_rate"),
+        Alert(
+            "TrainingStraggler",
+            # In a synchronous job every rank steps at the slowest one's rate: the
+            # straggler is the rank that hardly waits while the others wait for it.
+            expr(f"""
+                {WAIT_SHARE}
+                  < on (run) group_left ()
+                    ({number(th.straggler_wait_ratio)} * {WAIT_SHARE_MEDIAN})
+                and on (run)
+                  ({WAIT_SHARE_MEDIAN} > {number(th.straggler_min_waiting)})
+                and on (run)
+                  (count by (run) ({WAIT_SHARE}) > 1)
+            """) + f"\nunless on (run)\n{indent(stalled_runs)}",
+            "warning", "A training rank is much slower than the rest of its job.",
+            fill("Rank [[$rank]][[of_run]] on [[$instance]] is the rank the others wait for at "
+                 "every step: it waits for them {{ $value | humanizePercentage }} of the time, "
+                 "while the run's median rank waits [[median]] (in a synchronous job every "
+                 "rank steps at the slowest one's rate).",
+                 median=(f'{{{{ with printf "{WAIT_SHARE_MEDIAN}{{run=%q}}" $labels.run '
+                         "| query }}{{ with first . }}{{ .Value | humanizePercentage }}"
+                         "{{ end }}{{ end }}")),
+            _training_dash(), cause="waits_least"),
         Alert(
             "GeminiOutOfMemory",
             events_on_any_rank("colossalai_gemini_oom_total", th.gemini_oom_window, t, n),

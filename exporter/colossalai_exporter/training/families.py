@@ -80,6 +80,10 @@ def families(snap: Snapshot, now: float | None = None) -> list[MetricFamily]:
              created)
     out.extend(_last_error(snap, rank))
     out.append(_activity(snap, rank, stalled))
+    _counter(out, "colossalai_training_activity_samples_total", rank, snap.activity_samples,
+             created)
+    _counter(out, "colossalai_training_waiting_samples_total", rank, snap.waiting_samples,
+             created)
 
     oom = _fam("colossalai_gemini_oom_total")
     for device in DEVICES:

@@ -693,6 +693,20 @@ class TrainingMonitor:
         except Exception as exc:
             self._error("stacks", exc)
 
+    def _count_activity(self, snap: Snapshot) -> None:
+        # The publisher's regular samples while training, counted: the share a rank
+        # spends waiting for the others names a straggler in a synchronous job, where
+        # every rank steps at the slowest one's rate (TrainingStraggler, cause waits_least).
+        where = snap.activity
+        if where is None or snap.phase != "training":
+            return
+        state = self._state
+        state.activity_samples += 1
+        if where.kind in activity.WAITING:
+            state.waiting_samples += 1
+        snap.activity_samples = state.activity_samples
+        snap.waiting_samples = state.waiting_samples
+
     def snapshot(self) -> Snapshot:
         """The rank's current state, as snapshot files and /metrics carry it."""
         snap = self._state.snapshot(self.budgets)
@@ -702,9 +716,9 @@ class TrainingMonitor:
             snap.stalls += 1
         return snap
 
-    def _publish_once(self) -> None:
+    def _publish_once(self, periodic: bool = False) -> None:
         with self._publish_lock:  # the publisher thread, finish() and close() all publish
-            self._publish_locked()
+            self._publish_locked(periodic)
 
     def _publish_now(self) -> None:
         """Publish from the calling thread, unless the publisher is stuck (then wake it)."""
@@ -717,11 +731,13 @@ class TrainingMonitor:
         else:
             self._wake.set()
 
-    def _publish_locked(self) -> None:
+    def _publish_locked(self, periodic: bool = False) -> None:
         try:
             self._refresh()
             snap = self._state.snapshot(self.budgets)
             self._sample_activity(snap)
+            if periodic:
+                self._count_activity(snap)
             if snap.stalled and not self._was_stalled:
                 self._on_stall(snap)
                 snap.stalls = self._state.stalls
@@ -765,5 +781,5 @@ class TrainingMonitor:
             now = _perf()
             if changed or now - last_write >= self._publish_interval:
                 self._wake.clear()
-                self._publish_once()
+                self._publish_once(periodic=True)
                 last_write = now

@@ -110,6 +110,10 @@ class Snapshot(msgspec.Struct, kw_only=True):
     activity: Activity | None = None
     #: how often the publisher writes: a reader knows when the next one is overdue
     publish_interval: float | None = None
+    #: the publisher's samples of the training thread while training, and how many
+    #: found it waiting in a collective or backward
+    activity_samples: int = 0
+    waiting_samples: int = 0
 
     def __post_init__(self) -> None:
         if len(self.step_hist) != len(self.step_buckets) + 1:

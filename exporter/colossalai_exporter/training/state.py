@@ -89,14 +89,14 @@ class Budgets:
 class RankState:
     """Mutable per-rank state. Plain attributes only; see the module docstring."""
 
-    __slots__ = ("async_writers", "checkpoint_duration", "checkpoint_failures",
+    __slots__ = ("activity_samples", "async_writers", "checkpoint_duration", "checkpoint_failures",
                  "checkpoint_last_step", "checkpoint_last_success", "checkpointing",
                  "created", "d2h_bytes", "duration_sum", "error", "gemini_chunk_memory",
                  "h2d_bytes", "heartbeats", "hist", "info", "kernel_failures",
                  "kernels_ready", "last_error", "last_step", "local_rank", "loss",
                  "monitor_errors", "oom", "phase", "phase_start", "pid", "pid_ns",
                  "pid_start", "rank", "recent", "samples", "stalls", "steps", "tokens",
-                 "world_size")
+                 "waiting_samples", "world_size")
 
     def __init__(self, rank: int, local_rank: int, world_size: int, pid: int,
                  pid_start: float | None, now: float | None = None,
@@ -126,6 +126,10 @@ class RankState:
         self.duration_sum = 0.0
         self.recent = [0.0] * RECENT_STEPS
         self.stalls = 0
+        # the publisher's samples of the training thread while training, and how many
+        # of them found it waiting for other ranks (training/activity.py)
+        self.activity_samples = 0
+        self.waiting_samples = 0
         self.oom: dict[str, int] = dict.fromkeys(DEVICES, 0)
         self.checkpointing = False
         self.async_writers = 0
@@ -169,6 +173,7 @@ class RankState:
             step_buckets=list(STEP_BUCKETS), step_hist=list(self.hist),
             step_sum=self.duration_sum,
             timeout=timeout, progress=progress, stalls=self.stalls,
+            activity_samples=self.activity_samples, waiting_samples=self.waiting_samples,
             oom=dict(self.oom),
             checkpoint=CheckpointState(
                 in_flight=self.checkpointing or self.async_writers > 0,
