@@ -90,7 +90,8 @@ def prometheus_config(tmp: Path, rules: Path, alertmanager: str, rank0: str,
 
 @dataclass
 class Job:
-    """torchrun with two ranks of tests/faults/train.py, in a process group of its own."""
+    """torchrun with ranks of tests/faults/train.py (two, or four), in a process group of
+    its own."""
 
     proc: subprocess.Popen[bytes]
     run_dir: Path
@@ -120,7 +121,7 @@ class Job:
 
 
 def start_job(tmp: Path, fault: str, rank: int, checkpoint_dir: Path, master_port: int,
-              rank0_port: int, checkpoint_every: int) -> Job:
+              rank0_port: int, checkpoint_every: int, ranks: int = 2) -> Job:
     run_dir = tmp / "run"
     log = tmp / "train.log"
     env = cli_env(FAULT=fault, FAULT_RANK=str(rank), CHECKPOINT_DIR=str(checkpoint_dir),
@@ -128,7 +129,7 @@ def start_job(tmp: Path, fault: str, rank: int, checkpoint_dir: Path, master_por
                   COLOSSALAI_EXPORTER_RUN_DIR=str(run_dir),
                   COLOSSALAI_EXPORTER_PORT=str(rank0_port), OMP_NUM_THREADS="1",
                   PYTHONUNBUFFERED="1")
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+    argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
             "--master_addr", "127.0.0.1", "--master_port", str(master_port),
             str(TRAIN_SCRIPT)]
     with log.open("wb") as out:
@@ -156,6 +157,7 @@ class Stack:
     job: Job
     agent: ServerProcess
     rank0: str
+    ranks: int = 2
     notes: list[str] = field(default_factory=list)
 
     def notifications(self) -> list[Notification]:
@@ -195,12 +197,13 @@ class Stack:
         steps = self.prometheus.query('colossalai_training_steps_total{job="colossalai-training"}'
                                       " > 10")
         up = self.prometheus.query('colossalai_rank_up{job="colossalai-node"} == 1')
-        return bool(steps) and len(up) == 2
+        return bool(steps) and len(up) == self.ranks
 
 
 @contextlib.contextmanager
 def running_stack(tmp: Path, receiver: FakeVigilmon, fault: str, rank: int,
-                  checkpoint_dir: Path, checkpoint_every: int = 50) -> Iterator[Stack]:
+                  checkpoint_dir: Path, checkpoint_every: int = 50,
+                  ranks: int = 2) -> Iterator[Stack]:
     """Receiver, Alertmanager, agent and Prometheus first, then the job: Prometheus sees
     the job from its first second, as it would a job started under a running stack."""
     rules = render_rules(tmp, RULES_OVERRIDE)
@@ -221,10 +224,10 @@ def running_stack(tmp: Path, receiver: FakeVigilmon, fault: str, rank: int,
             tmp / "prometheus-data", tmp / "prometheus.log", None,
             f"--rules.alert.resend-delay={INTERVAL:g}s"))
         job = start_job(tmp, fault, rank, checkpoint_dir, master_port, rank0_port,
-                        checkpoint_every)
+                        checkpoint_every, ranks)
         stop.callback(job.stop)
         yield Stack(tmp, prometheus, alertmanager, receiver, job, agent,
-                    f"http://127.0.0.1:{rank0_port}")
+                    f"http://127.0.0.1:{rank0_port}", ranks)
 
 
 def wait_healthy(stack: Stack) -> None:
