@@ -23,6 +23,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out
 echo "== tests marked gpu"
 "$py" -m pytest -p no:cacheprovider -m gpu -v \
   tests/test_gpu_real_nvml.py tests/test_training_cuda.py tests/test_training_gemini_gpu.py \
+  tests/test_nccl_ras.py \
   2>&1 | tee "$out/pytest.log" || rc=1
 grep -q " skipped\| SKIPPED" "$out/pytest.log" && { echo "gpu-check: a gpu test was skipped"; rc=1; }
 

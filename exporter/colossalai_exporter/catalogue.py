@@ -17,11 +17,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 MetricType = Literal["counter", "gauge", "histogram", "info"]
-Component = Literal["node", "training", "ranks", "probe", "chat", "bridge", "process"]
+Component = Literal["node", "nccl", "training", "ranks", "probe", "chat", "bridge", "process"]
 
 COMPONENT_TITLES: dict[str, str] = {
     "node": "Node agent (`colossalai-exporter node`)",
     "ranks": "Node agent: training ranks seen from outside",
+    "nccl": "Node agent: NCCL's RAS service (collector `nccl`)",
     "training": "Training (in-process `TrainingMonitor`, label `rank` on every series)",
     "probe": "Chat prober (`colossalai-exporter probe`), blackbox-exporter compatible",
     "chat": "FastAPI chat-server helper (`colossalai_exporter.chat.instrument`)",
@@ -127,6 +128,26 @@ NODE: tuple[Metric, ...] = (
     _m("colossalai_disk_path_failure_info", "info",
        "Why a watched path is not ok (one series while it fails): missing, not_directory, "
        "not_writable, not_mounted, permission, timeout, error.", ("name", "path", "reason")),
+    _m("colossalai_nccl_communicator_size", "gauge",
+       "Ranks in an NCCL communicator with a rank on this node, as NCCL's RAS service "
+       "reports it (text reports: per communicator group).", ("comm",), component="nccl"),
+    _m("colossalai_nccl_communicator_missing_ranks", "gauge",
+       "Ranks of the communicator that RAS cannot reach (JSON reports only).", ("comm",),
+       component="nccl"),
+    _m("colossalai_nccl_communicator_ok", "gauge",
+       "1 when RAS reports the communicator complete and every rank without a problem.",
+       ("comm",), component="nccl"),
+    _m("colossalai_nccl_rank_problem_info", "info",
+       "A problem RAS reports for a rank of this node, or for a missing rank of a "
+       "communicator reported here (always 1): missing, unresponsive, dead, aborted, "
+       "async_error, behind (fewer collectives than the communicator's most advanced "
+       "rank); with the communicator rank, its host, pid and the training rank when the pid "
+       "is a local rank's.",
+       ("comm", "comm_rank", "rank_host", "pid", "rank", "problem"), component="nccl"),
+    _m("colossalai_nccl_rank_collectives_behind", "gauge",
+       "Collectives a rank of this node has done fewer than its communicator's most "
+       "advanced rank (present only when above 0).", ("comm", "comm_rank", "rank"),
+       component="nccl"),
     _m("colossalai_nccl_up", "gauge",
        "1 when a TCP connection to the rendezvous/store endpoint succeeded within the "
        "deadline.", ("target",)),

@@ -68,8 +68,16 @@ def build_collectors(config: NodeConfig, gpu_worker: Worker | None = None,
         collectors.append(DiskCollector(config.disks, calls=fs_calls))
     if config.collectors["rendezvous"] and config.rendezvous:
         collectors.append(RendezvousCollector(config.rendezvous, config.rendezvous_timeout))
+    ranks = None
     if config.collectors["ranks"]:
-        collectors.append(RanksCollector(config.ranks_run_dir, calls=fs_calls))
+        ranks = RanksCollector(config.ranks_run_dir, calls=fs_calls)
+        collectors.append(ranks)
+    if config.collectors["nccl"]:
+        from colossalai_exporter.node.nccl_ras import NcclRasCollector
+
+        collectors.append(NcclRasCollector(
+            config.nccl_ras.host, config.nccl_ras.port, config.nccl_timeout,
+            local_ranks=ranks.local_pids if ranks is not None else dict))
     return collectors
 
 

@@ -44,7 +44,7 @@ from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.node.disk import WatchedPath
 from colossalai_exporter.node.rendezvous import Endpoint
 
-COLLECTORS = ("gpu", "host", "disk", "rendezvous", "ranks")
+COLLECTORS = ("gpu", "host", "disk", "rendezvous", "ranks", "nccl")
 DEFAULT_PORT = 9466
 
 
@@ -64,6 +64,9 @@ class NodeConfig:
     #: where the local ranks' TrainingMonitor snapshots are; None means the
     #: monitor's default ($COLOSSALAI_EXPORTER_RUN_DIR, else /dev/shm/colossalai-exporter)
     ranks_run_dir: str | None = None
+    #: NCCL's RAS service on this node (NCCL_RAS_ADDR's default)
+    nccl_ras: Endpoint = field(default_factory=lambda: Endpoint("127.0.0.1", 28028))
+    nccl_timeout: float = 3.0
 
 
 def parse_disk(spec: str, mount_point: bool = False) -> WatchedPath:
@@ -96,6 +99,7 @@ class CollectorsSection(Section, frozen=True):
     disk: bool = True
     rendezvous: bool = True
     ranks: bool = True
+    nccl: bool = True
 
 
 class GpuSection(Section, frozen=True):
@@ -118,6 +122,11 @@ class RanksSection(Section, frozen=True):
     run_dir: ConfigPath | None = None
 
 
+class NcclSection(Section, frozen=True):
+    ras_address: str | None = None
+    timeout_seconds: Seconds | None = None
+
+
 class NodeFile(Section, frozen=True):
     web: WebSection = WebSection()
     log: LogSection = LogSection()
@@ -127,6 +136,7 @@ class NodeFile(Section, frozen=True):
     disks: list[DiskSection] = msgspec.field(default_factory=list)
     rendezvous: RendezvousSection = RendezvousSection()
     ranks: RanksSection = RanksSection()
+    nccl: NcclSection = NcclSection()
 
 
 def apply_file(config: NodeConfig, file: NodeFile, source: str) -> None:
@@ -152,6 +162,11 @@ def apply_file(config: NodeConfig, file: NodeFile, source: str) -> None:
                                               f"{source}: rendezvous.timeout_seconds")
     if file.ranks.run_dir is not None:
         config.ranks_run_dir = str(file.ranks.run_dir)
+    if file.nccl.ras_address is not None:
+        config.nccl_ras = parse_endpoint(file.nccl.ras_address, f"{source}: nccl.ras_address")
+    if file.nccl.timeout_seconds is not None:
+        config.nccl_timeout = _positive(file.nccl.timeout_seconds,
+                                        f"{source}: nccl.timeout_seconds")
 
 
 def _count(value: Any, where: str) -> int:
@@ -166,6 +181,9 @@ def apply_environment(config: NodeConfig, env: Mapping[str, str]) -> None:
             WatchedPath("checkpoints", env.get("CHECKPOINT_DIR") or "/checkpoints"),
             WatchedPath("nvme_offload", env.get("NVME_PATH") or "/nvme"),
         ]
+    ras = env.get("NCCL_RAS_ADDR")
+    if ras and config.nccl_ras == Endpoint("127.0.0.1", 28028):
+        config.nccl_ras = parse_endpoint(ras, "NCCL_RAS_ADDR")
     if not config.rendezvous:
         host = env.get("MASTER_ADDR") or "127.0.0.1"
         port = env.get("MASTER_PORT") or "29500"

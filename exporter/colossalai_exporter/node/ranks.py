@@ -139,6 +139,7 @@ class RanksCollector:
         self._calls = calls or BlockingCalls("ranks", max_threads=2)
         self._lock = threading.Lock()
         self._reading: Future[RunDirLook] | None = None
+        self._pids: dict[int, int] = {}  # pid -> rank of the live local ranks, last scrape
 
     def begin(self, deadline: float) -> _Read:
         """Start reading the run directory; collect() waits for it."""
@@ -204,6 +205,7 @@ class RanksCollector:
             # No run has started on this node yet: no ranks, which is not a failure.
             return [*self._empty(), self._errors_family()]
         now = self._clock()
+        pids: dict[int, int] = {}
         up = catalogue.family("colossalai_rank_up")
         age = catalogue.family("colossalai_rank_snapshot_age_seconds")
         stopped = catalogue.family("colossalai_rank_process_stopped")
@@ -220,6 +222,8 @@ class RanksCollector:
             if not alive and snap_age > self.forget_after:
                 continue
             label = [str(rank)]
+            if alive:
+                pids[snap.pid] = rank
             fresh = alive and snap_age <= stale_after
             up.add_metric(label, 1.0 if fresh else 0.0)
             age.add_metric(label, snap_age)
@@ -227,7 +231,13 @@ class RanksCollector:
                 stopped.add_metric(label, 1.0 if is_stopped else 0.0)
                 alive_fam.add_metric(label, 1.0 if alive else 0.0)
             self._merge(training, families(snap, now=now))
+        self._pids = pids
         return [up, age, stopped, alive_fam, self._errors_family(), *training.values()]
+
+    def local_pids(self) -> dict[int, int]:
+        """pid -> training rank of this node's live ranks, as the last scrape saw them
+        (for the nccl collector, which learns pids from NCCL)."""
+        return dict(self._pids)
 
     def stale_limit(self, snap: Snapshot) -> float:
         """How old a live rank's snapshot may be before the rank counts as not answering.

@@ -139,16 +139,17 @@ def _waiting_text(n: Selector) -> str:
     """" while 3 other rank(s) wait in collective (all_reduce)": the run's waiting ranks,
     from the node agents' view (which sees every rank), largest group first."""
     waiting = (f"topk(1, count by (activity, collective) ("
-               f"{n('colossalai_training_activity_info', WAITING)} * on (job, instance, rank) "
-               f"group_left () {n(INFO, 'run=%q')}))")
+               f"{n('colossalai_training_activity_info', WAITING, 'rank!=%q')}"
+               f" * on (job, instance, rank) group_left () {n(INFO, 'run=%q')}))")
     fmt = waiting.replace('"', '\\"')
-    return (f'{{{{ with printf "{fmt}" $labels.run | query }}}}{{{{ with first . }}}}'
+    return (f'{{{{ with printf "{fmt}" $labels.rank $labels.run | query }}}}'
+            "{{ with first . }}"
             " while {{ .Value | printf \"%.0f\" }} other rank(s) wait in "
             "{{ .Labels.activity }}{{ with .Labels.collective }} ({{ . }}){{ end }}"
             "{{ end }}{{ end }}")
 
 
-def hang_suspects(t: Selector, n: Selector) -> tuple[Alert, Alert]:
+def hang_suspects(t: Selector, n: Selector) -> tuple[Alert, Alert, Alert]:
     """TrainingHangSuspect: the rank a stalled run waits for (training/activity.py).
 
     Waiting ranks are inside a collective or inside backward (where gradient
@@ -215,7 +216,27 @@ def hang_suspects(t: Selector, n: Selector) -> tuple[Alert, Alert]:
                        "value | humanizeDuration"),
              waiting=_waiting_text(n), last_error=_last_error()),
         _nodes_dash(), cause="not_responding")
-    return outside, not_responding
+    problem = "colossalai_nccl_rank_problem_info"
+    problems = n(problem, 'problem=~"behind|aborted|async_error"', 'rank!=""')
+    reported = f"max by (job, instance, rank) (\n  {problems}\n)"
+    nccl = Alert(
+        "TrainingHangSuspect",
+        # NCCL's own view (the node agent's nccl collector): a local rank behind the
+        # others of a communicator in collective counts, or aborted or with an
+        # asynchronous error, while ranks of its run wait. Names the rank even when every
+        # rank is inside a collective (mismatched collectives).
+        f"{with_run(reported, n)}\n{others_wait}",
+        "critical", "The rank a stalled training run is waiting for.",
+        fill("Rank [[$rank]][[of_run]] on [[$instance]] is the rank the others wait for: "
+             "NCCL's RAS service reports it [[what]][[waiting]].[[last_error]]",
+             what=with_first(problem, RANK,
+                             '{{ if eq .Labels.problem "behind" }}behind the rest of '
+                             "communicator {{ .Labels.comm }} in collectives{{ else }}"
+                             "{{ .Labels.problem }} in communicator {{ .Labels.comm }}"
+                             "{{ end }}"),
+             waiting=_waiting_text(n), last_error=_last_error()),
+        _nodes_dash(), cause="nccl")
+    return outside, not_responding, nccl
 
 
 def _budget() -> str:
