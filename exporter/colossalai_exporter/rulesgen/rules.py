@@ -133,6 +133,8 @@ def _since_died() -> str:
 WAITING = 'activity=~"collective|backward"'
 NOT_WAITING = 'activity!~"collective|backward"'
 OWN_PHASES = 'phase=~"init|kernels|checkpointing|finished|failed"'
+TRAINING = 'phase="training"'
+FAILED = 'phase="failed"'
 
 
 def _waiting_text(n: Selector) -> str:
@@ -264,9 +266,13 @@ def training(config: RulesConfig) -> RuleFile:
         """)),
         # The share of time each rank waits for the others, from its monitor's samples of
         # the training thread (training/activity.py), on any rank, by run.
+        # Only ranks training now and answering: a dead rank's counters stay served
+        # (its last snapshot) and their rates would say it never waits.
         Recording(WAIT_SHARE, on_any_rank(lambda sel: (
-            f"rate({sel('colossalai_training_waiting_samples_total')}[5m])\n/\n"
-            f"rate({sel('colossalai_training_activity_samples_total')}[5m])"), t, n)),
+            f"(\n  rate({sel('colossalai_training_waiting_samples_total')}[5m])\n  /\n"
+            f"  rate({sel('colossalai_training_activity_samples_total')}[5m])\n)\n"
+            f"and ignoring (phase) {sel(phase, TRAINING)} == 1\n"
+            f"unless on (job, instance, rank) {sel('colossalai_rank_up')} == 0"), t, n)),
         Recording(WAIT_SHARE_MEDIAN, f"quantile by (run) (0.5, {WAIT_SHARE})"),
     ))
 
@@ -295,10 +301,13 @@ def training(config: RulesConfig) -> RuleFile:
                  last_error=_last_error()),
             _training_dash())
 
-    # A run with a stalled rank hangs (TrainingHangSuspect's): its ranks' shares of
-    # time waiting say nothing about a straggler then.
+    # A run with a stalled, failed or unanswering rank hangs or dies (the hang and
+    # rank-down alerts'): its ranks' shares of time waiting say nothing about a
+    # straggler then.
     stalled_runs = "count by (run) (\n" + indent(on_any_rank(
-        lambda sel: f"{sel('colossalai_training_stalled')} == 1", t, n)) + "\n)"
+        lambda sel: (f"{sel('colossalai_training_stalled')} == 1\n"
+                     f"or ignoring (phase) {sel(phase, FAILED)} == 1\n"
+                     f"or {sel('colossalai_rank_up')} == 0"), t, n)) + "\n)"
 
     alerts = Group("colossalai-training.alerts", (
         Alert(
