@@ -324,10 +324,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
                    timeout=60, interval=1, what="DiskPathBroken and ChatEngineError paged")
         # The stall of rank 0 (muted under the culprit, `for: 30s`) in the training
         # dashboard's firing-alerts panel.
-        # (Its ALERTS series, which the panel reads, not only the rule's state in the API:
-        # the series is written after the evaluation, a moment later on a loaded machine.)
+        # Its ALERTS series, which the panel reads, firing for two evaluations: the
+        # renderer's range query samples every few seconds up to the end, and its last
+        # point must fall after the alert's first sample.
         wait_until(lambda: prometheus.query(
-            'ALERTS{alertname="TrainingStalled", alertstate="firing"}'), timeout=90,
+            f'ALERTS{{alertname="TrainingStalled", alertstate="firing"}} '
+            f"offset {2 * INTERVAL:g}s"), timeout=120,
             interval=0.5, what="TrainingStalled firing in Prometheus' ALERTS series")
         stack.timeline["end"] = time.time()
         yield stack
