@@ -137,12 +137,14 @@ TRAINING = 'phase="training"'
 FAILED = 'phase="failed"'
 
 
-def _waiting_text(n: Selector) -> str:
+def _waiting_text() -> str:
     """" while 3 other rank(s) wait in collective (all_reduce)": the run's waiting ranks,
-    from the node agents' view (which sees every rank), largest group first."""
-    waiting = (f"topk(1, count by (activity, collective) ("
-               f"{n('colossalai_training_activity_info', WAITING, 'rank!=%q')}"
-               f" * on (job, instance, rank) group_left () {n(INFO, 'run=%q')}))")
+    largest group first."""
+    # Both views, each rank once: the rank servers' scrape may see a waiting rank's
+    # stall before the node agent's does, and the alert's expression reads both.
+    waiting = ("topk(1, count by (activity, collective) (max by (rank, activity, collective) ("
+               f"colossalai_training_activity_info{{{WAITING}, rank!=%q}}"
+               f" * on (job, instance, rank) group_left () {INFO}{{run=%q}})))")
     fmt = waiting.replace('"', '\\"')
     return (f'{{{{ with printf "{fmt}" $labels.rank $labels.run | query }}}}'
             "{{ with first . }}"
@@ -199,7 +201,7 @@ def hang_suspects(t: Selector, n: Selector) -> tuple[Alert, Alert, Alert]:
              "it has made no step within its budget and is outside any collective, in "
              "[[$activity]] at [[frame]][[waiting]].[[last_error]]",
              frame=with_first(info, RANK, "{{ .Labels.frame }}"),
-             waiting=_waiting_text(n), last_error=_last_error()),
+             waiting=_waiting_text(), last_error=_last_error()),
         _training_dash(), cause="outside_collective")
     stopped_query = "colossalai_rank_process_stopped{job=%q,instance=%q,rank=%q} == 1"
     not_responding = Alert(
@@ -216,7 +218,7 @@ def hang_suspects(t: Selector, n: Selector) -> tuple[Alert, Alert, Alert]:
                   "GIL held by a C call, or the process frozen{{ end }}"),
              age=query("colossalai_rank_snapshot_age_seconds", RANK,
                        "value | humanizeDuration"),
-             waiting=_waiting_text(n), last_error=_last_error()),
+             waiting=_waiting_text(), last_error=_last_error()),
         _nodes_dash(), cause="not_responding")
     problem = "colossalai_nccl_rank_problem_info"
     problems = n(problem, 'problem=~"behind|aborted|async_error"', 'rank!=""')
@@ -236,7 +238,7 @@ def hang_suspects(t: Selector, n: Selector) -> tuple[Alert, Alert, Alert]:
                              "communicator {{ .Labels.comm }} in collectives{{ else }}"
                              "{{ .Labels.problem }} in communicator {{ .Labels.comm }}"
                              "{{ end }}"),
-             waiting=_waiting_text(n), last_error=_last_error()),
+             waiting=_waiting_text(), last_error=_last_error()),
         _nodes_dash(), cause="nccl")
     return outside, not_responding, nccl
 
