@@ -20,7 +20,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from concurrent.futures import Future
+from typing import Any, Protocol
 
 from prometheus_client.core import Metric as MetricFamily
 
@@ -112,6 +113,21 @@ def _nothing() -> None:
 
 #: What ``begin`` returns when there is nothing to wait for.
 READY: Pending = _Ready()
+
+
+class FuturePending:
+    """Pending work that a thread pool is doing: ready once ``future`` is done."""
+
+    future: Future[Any]
+
+    def ready(self) -> bool:
+        return self.future.done()
+
+    def watch(self, loop: asyncio.AbstractEventLoop,
+              wake: Callable[[], None]) -> Callable[[], None]:
+        waker = LoopWaker(loop, wake)
+        self.future.add_done_callback(waker)
+        return waker.stop
 
 
 class LoopWaker:

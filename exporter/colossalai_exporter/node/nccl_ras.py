@@ -39,10 +39,9 @@ from typing import TYPE_CHECKING, Any, Final
 from prometheus_client.core import Metric as MetricFamily
 
 from colossalai_exporter.catalogue import family
-from colossalai_exporter.node.base import CollectorError, LoopWaker
+from colossalai_exporter.node.base import CollectorError, FuturePending
 
 if TYPE_CHECKING:
-    import asyncio
 
     from colossalai_exporter.node.base import Pending
 
@@ -278,19 +277,10 @@ def parse_text(text: str) -> RasReport:
 # The collector
 # ---------------------------------------------------------------------------
 @dataclass
-class _Asking:
+class _Asking(FuturePending):
     """A scrape's question to RAS (a Pending), maybe one an earlier scrape asked."""
 
     future: Future[tuple[str, str]]
-
-    def ready(self) -> bool:
-        return self.future.done()
-
-    def watch(self, loop: asyncio.AbstractEventLoop,
-              wake: Callable[[], None]) -> Callable[[], None]:
-        waker = LoopWaker(loop, wake)
-        self.future.add_done_callback(waker)
-        return waker.stop
 
 
 class NcclRasCollector:

@@ -52,7 +52,7 @@ import psutil
 from prometheus_client.core import Metric as MetricFamily
 
 from colossalai_exporter import catalogue
-from colossalai_exporter.node.base import CollectorError, LoopWaker, Pending
+from colossalai_exporter.node.base import CollectorError, FuturePending, Pending
 from colossalai_exporter.node.blocking import BlockingCalls
 from colossalai_exporter.training.families import families
 from colossalai_exporter.training.snapshot import (
@@ -66,7 +66,7 @@ from colossalai_exporter.training.snapshot import (
 )
 
 if TYPE_CHECKING:
-    import asyncio
+    pass
 
 log = logging.getLogger("colossalai_exporter.node")
 
@@ -100,20 +100,11 @@ class RunDirLook:
 
 
 @dataclass
-class _Read:
+class _Read(FuturePending):
     """A scrape's read of the run directory (a Pending): maybe one begun by an earlier scrape."""
 
     future: Future[RunDirLook]
     start: float
-
-    def ready(self) -> bool:
-        return self.future.done()
-
-    def watch(self, loop: asyncio.AbstractEventLoop,
-              wake: Callable[[], None]) -> Callable[[], None]:
-        waker = LoopWaker(loop, wake)
-        self.future.add_done_callback(waker)
-        return waker.stop
 
 
 class RanksCollector:
