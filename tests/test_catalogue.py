@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from colossalai_exporter import catalogue, docsgen
 from conftest import REPO
 
@@ -33,10 +35,17 @@ def test_names_are_unique_and_follow_conventions() -> None:
 
 
 def test_family_carries_catalogue_help_and_labels() -> None:
-    fam = catalogue.family("colossalai_disk_free_bytes")
+    fam = catalogue.gauge("colossalai_disk_free_bytes")
     fam.add_metric(["checkpoints", "/ckpt"], 5.0)
     assert fam.documentation == catalogue.get("colossalai_disk_free_bytes").help
     assert fam.samples[0].labels == {"name": "checkpoints", "path": "/ckpt"}
+
+
+def test_typed_accessors_refuse_a_metric_of_another_type() -> None:
+    with pytest.raises(TypeError, match="is a gauge, not a counter"):
+        catalogue.counter("colossalai_disk_free_bytes")
+    with pytest.raises(KeyError, match="not in the catalogue"):
+        catalogue.gauge("colossalai_no_such_metric")
 
 
 def test_metrics_md_is_current() -> None:

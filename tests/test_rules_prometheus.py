@@ -32,11 +32,11 @@ class StalledRanks(Collector):
 
     def collect(self) -> Iterator[Metric]:
         now = time.time()
-        phase = catalogue.family("colossalai_training_phase")
-        start = catalogue.family("colossalai_training_phase_start_timestamp_seconds")
-        last = catalogue.family("colossalai_training_last_step_timestamp_seconds")
-        budget = catalogue.family("colossalai_training_step_timeout_seconds")
-        steps = catalogue.family("colossalai_training_steps_total")
+        phase = catalogue.gauge("colossalai_training_phase")
+        start = catalogue.gauge("colossalai_training_phase_start_timestamp_seconds")
+        last = catalogue.gauge("colossalai_training_last_step_timestamp_seconds")
+        budget = catalogue.gauge("colossalai_training_step_timeout_seconds")
+        steps = catalogue.counter("colossalai_training_steps_total")
         for rank, last_step in (("0", self.started), ("1", now)):
             for name in ("init", "kernels", "training", "checkpointing"):
                 phase.add_metric([rank, name], 1.0 if name == "training" else 0.0)

@@ -2,19 +2,29 @@
 
 Each entry names a metric as it appears in the text exposition (counters with
 ``_total``, info metrics with ``_info``), its type, its base unit, its labels
-and its help text. Collectors build their families through :func:`family`, so
-help texts and label names cannot drift from this file; ``docs/metrics.md`` is
-generated from it (``colossalai-exporter docs``); tests check that servers
-serve, and rules and dashboards use, only names listed here.
+and its help text. Collectors build their families through :func:`gauge`,
+:func:`counter`, :func:`histogram` and :func:`info`, so help texts and label
+names cannot drift from this file; ``docs/metrics.md`` is generated from it
+(``colossalai-exporter docs``); tests check that servers serve, and rules and
+dashboards use, only names listed here.
 
 Sections are kept per component so that each part can grow its own list.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from prometheus_client.core import (
+        CounterMetricFamily,
+        GaugeMetricFamily,
+        HistogramMetricFamily,
+        InfoMetricFamily,
+    )
+    from prometheus_client.core import Metric as MetricFamily
 
 MetricType = Literal["counter", "gauge", "histogram", "info"]
 Component = Literal["node", "nccl", "training", "ranks", "probe", "chat", "bridge", "process"]
@@ -455,21 +465,51 @@ def get(name: str) -> Metric:
         raise KeyError(f"metric {name!r} is not in the catalogue") from None
 
 
-def family(name: str, extra_labels: Iterable[str] = ()) -> Any:
+def family(name: str) -> MetricFamily:
     """An empty metric family for a catalogued metric, with its help and labels.
 
-    ``extra_labels`` is only for the ``rank`` label that the node agent adds when
-    it re-serves a rank's own training metrics.
-
-    >>> f = family("colossalai_disk_free_bytes")
-    >>> f.add_metric(["checkpoints", "/ckpt"], 1e12)
-
-    Typed ``Any`` on purpose: the four family classes' ``add_metric`` differ
-    (an info takes a dict), and callers know which type they asked for.
+    Typed as the base class: use :func:`gauge`, :func:`counter`, :func:`histogram`
+    or :func:`info` to fill one (their ``add_metric`` signatures differ).
     """
     metric = get(name)
-    labels = [*extra_labels, *metric.labels]
-    return _family_classes()[metric.type](metric.family_name, metric.help, labels=labels)
+    made: MetricFamily = _family_classes()[metric.type](metric.family_name, metric.help,
+                                                         labels=list(metric.labels))
+    return made
+
+
+def _typed(name: str, type_: MetricType) -> Any:
+    metric = get(name)
+    if metric.type != type_:
+        raise TypeError(f"metric {name!r} is a {metric.type}, not a {type_}")
+    return family(name)
+
+
+def gauge(name: str) -> GaugeMetricFamily:
+    """An empty gauge family for a catalogued gauge (TypeError for any other type).
+
+    >>> f = gauge("colossalai_disk_free_bytes")
+    >>> f.add_metric(["checkpoints", "/ckpt"], 1e12)
+    """
+    made: GaugeMetricFamily = _typed(name, "gauge")
+    return made
+
+
+def counter(name: str) -> CounterMetricFamily:
+    """An empty counter family for a catalogued counter (named with ``_total``)."""
+    made: CounterMetricFamily = _typed(name, "counter")
+    return made
+
+
+def histogram(name: str) -> HistogramMetricFamily:
+    """An empty histogram family for a catalogued histogram."""
+    made: HistogramMetricFamily = _typed(name, "histogram")
+    return made
+
+
+def info(name: str) -> InfoMetricFamily:
+    """An empty info family for a catalogued info metric (named with ``_info``)."""
+    made: InfoMetricFamily = _typed(name, "info")
+    return made
 
 
 _FAMILY_CLASSES: dict[str, Any] = {}

@@ -11,9 +11,8 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from typing import cast
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from colossalai_exporter import catalogue
@@ -68,13 +67,6 @@ class BridgeStats:
             self.dropped[target, reason] += count
 
 
-def _counter(name: str) -> CounterMetricFamily:
-    return cast(CounterMetricFamily, catalogue.family(name))
-
-
-def _gauge(name: str) -> GaugeMetricFamily:
-    return cast(GaugeMetricFamily, catalogue.family(name))
-
 
 class BridgeCollector(Collector):
     def __init__(self, stats: BridgeStats, store: Store, targets: Sequence[Target],
@@ -94,35 +86,35 @@ class BridgeCollector(Collector):
             dead = dict(stats.dead_letters)
             dedup = dict(stats.deduplicated)
             dropped = dict(stats.dropped)
-        fam = _counter("colossalai_bridge_notifications_received_total")
+        fam = catalogue.counter("colossalai_bridge_notifications_received_total")
         fam.add_metric([], received)
         yield fam
-        fam = _counter("colossalai_bridge_notifications_rejected_total")
+        fam = catalogue.counter("colossalai_bridge_notifications_rejected_total")
         for reason in sorted(set(REJECT_REASONS) | set(rejected)):
             fam.add_metric([reason], rejected.get(reason, 0))
         yield fam
-        fam = _counter("colossalai_bridge_deliveries_total")
+        fam = catalogue.counter("colossalai_bridge_deliveries_total")
         for name in names:
             for result in RESULTS:
                 fam.add_metric([name, result], deliveries.get((name, result), 0))
         yield fam
-        fam = _counter("colossalai_bridge_dead_letters_total")
+        fam = catalogue.counter("colossalai_bridge_dead_letters_total")
         for name in names:
             fam.add_metric([name], dead.get(name, 0))
         yield fam
-        fam = _counter("colossalai_bridge_deduplicated_total")
+        fam = catalogue.counter("colossalai_bridge_deduplicated_total")
         for target in self._targets:
             if target.kind == "webhook":
                 fam.add_metric([target.name], dedup.get(target.name, 0))
         yield fam
-        fam = _counter("colossalai_bridge_heartbeat_pings_dropped_total")
+        fam = catalogue.counter("colossalai_bridge_heartbeat_pings_dropped_total")
         for target in self._targets:
             if target.kind == "heartbeat":
                 for reason in DROP_REASONS:
                     fam.add_metric([target.name, reason], dropped.get((target.name, reason), 0))
         yield fam
         writable, _ = self._store.writable()
-        gfam = _gauge("colossalai_bridge_store_writable")
+        gfam = catalogue.gauge("colossalai_bridge_store_writable")
         gfam.add_metric([], 1.0 if writable else 0.0)
         yield gfam
         yield from self._store_gauges(names)
@@ -137,8 +129,8 @@ class BridgeCollector(Collector):
         except StoreError:
             return  # the store gauges drop out; store_writable says why
         now = self._clock()
-        depth = _gauge("colossalai_bridge_queue_depth")
-        oldest = _gauge("colossalai_bridge_oldest_pending_age_seconds")
+        depth = catalogue.gauge("colossalai_bridge_queue_depth")
+        oldest = catalogue.gauge("colossalai_bridge_oldest_pending_age_seconds")
         for name in names:
             queue = queues.get(name)
             depth.add_metric([name], queue.depth if queue else 0)
@@ -146,16 +138,16 @@ class BridgeCollector(Collector):
             oldest.add_metric([name], max(0.0, age))
         yield depth
         yield oldest
-        gfam = _gauge("colossalai_bridge_dead_letters")
+        gfam = catalogue.gauge("colossalai_bridge_dead_letters")
         for name in names:
             gfam.add_metric([name], dead_now.get(name, 0))
         yield gfam
-        gfam = _gauge("colossalai_bridge_last_success_timestamp_seconds")
+        gfam = catalogue.gauge("colossalai_bridge_last_success_timestamp_seconds")
         for name in names:
             if name in successes:
                 gfam.add_metric([name], successes[name])
         yield gfam
-        gfam = _gauge("colossalai_bridge_health_heartbeat_firing_alerts")
+        gfam = catalogue.gauge("colossalai_bridge_health_heartbeat_firing_alerts")
         for name, count in firing.items():
             gfam.add_metric([name], count)
         yield gfam

@@ -96,21 +96,21 @@ class ChatMetrics(Collector):
             errors = dict(self.errors)
             in_flight = dict(self.in_flight)
             hist = {k: (list(v[0]), v[1], v[2]) for k, v in self._hist.items()}
-        fam = catalogue.family("colossalai_chat_requests_total")
+        fam = catalogue.counter("colossalai_chat_requests_total")
         for labels, value in sorted(requests.items()):
             fam.add_metric(list(labels), value)
         yield fam
-        fam = catalogue.family("colossalai_chat_request_duration_seconds")
+        durations = catalogue.histogram("colossalai_chat_request_duration_seconds")
         for (route, method), (buckets, total, count) in sorted(hist.items()):
             pairs = [(repr(b), float(n)) for b, n in zip(BUCKETS, buckets, strict=True)]
             pairs.append(("+Inf", float(count)))
-            fam.add_metric([route, method], pairs, total)
-        yield fam
-        fam = catalogue.family("colossalai_chat_requests_in_flight")
+            durations.add_metric([route, method], pairs, total)
+        yield durations
+        flying = catalogue.gauge("colossalai_chat_requests_in_flight")
         for pair, value in sorted(in_flight.items()):
-            fam.add_metric(list(pair), value)
-        yield fam
-        fam = catalogue.family("colossalai_chat_request_errors_total")
+            flying.add_metric(list(pair), value)
+        yield flying
+        fam = catalogue.counter("colossalai_chat_request_errors_total")
         # Every route seen gets both kinds at 0, so rate() works before the first error.
         seen = {(r, m) for r, m, _ in requests} | {(r, m) for r, m, _ in errors}
         for route, method in sorted(seen):
@@ -118,12 +118,12 @@ class ChatMetrics(Collector):
                 fam.add_metric([route, method, kind], errors.get((route, method, kind), 0))
         yield fam
         ready, _ = self.is_ready()
-        fam = catalogue.family("colossalai_chat_ready")
-        fam.add_metric([], 1.0 if ready else 0.0)
-        yield fam
-        fam = catalogue.family("colossalai_chat_start_time_seconds")
-        fam.add_metric([], self.start_time)
-        yield fam
+        ready_fam = catalogue.gauge("colossalai_chat_ready")
+        ready_fam.add_metric([], 1.0 if ready else 0.0)
+        yield ready_fam
+        start = catalogue.gauge("colossalai_chat_start_time_seconds")
+        start.add_metric([], self.start_time)
+        yield start
 
 
 def route_template(routes: list[BaseRoute], scope: Scope) -> str:

@@ -37,7 +37,7 @@ from typing import Any, cast
 from prometheus_client import ProcessCollector
 from prometheus_client.core import Metric as MetricFamily
 
-from colossalai_exporter.catalogue import family
+from colossalai_exporter import catalogue
 from colossalai_exporter.node.base import BegunCollector, CollectorError, NodeCollector, Pending
 from colossalai_exporter.node.blocking import BlockingCalls
 from colossalai_exporter.version import __version__
@@ -179,10 +179,10 @@ class Agent:
         return self._in_order(results)
 
     def _self_metrics(self) -> Iterable[MetricFamily]:
-        up = family("colossalai_exporter_collector_up")
-        duration = family("colossalai_exporter_collector_duration_seconds")
-        errors = family("colossalai_exporter_collector_errors_total")
-        failure = family("colossalai_exporter_collector_failure_info")
+        up = catalogue.gauge("colossalai_exporter_collector_up")
+        duration = catalogue.gauge("colossalai_exporter_collector_duration_seconds")
+        errors = catalogue.counter("colossalai_exporter_collector_errors_total")
+        failure = catalogue.info("colossalai_exporter_collector_failure_info")
         with self._lock:
             for name, state in self.states.items():
                 up.add_metric([name], 1.0 if state.up else 0.0)
@@ -191,7 +191,7 @@ class Agent:
                     errors.add_metric([name, reason], count)
                 if not state.up:
                     failure.add_metric([name, state.reason], {})
-        build = family("colossalai_exporter_build_info")
+        build = catalogue.info("colossalai_exporter_build_info")
         build.add_metric([], {"version": __version__,
                               "python_version": platform.python_version()})
         yield from (up, duration, errors, failure, build)

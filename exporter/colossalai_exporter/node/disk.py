@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from colossalai_exporter.catalogue import family
+from colossalai_exporter import catalogue
 from colossalai_exporter.node.base import LoopWaker
 from colossalai_exporter.node.blocking import BlockingCalls
 
@@ -181,10 +181,10 @@ class DiskCollector:
                 self._cond.wait((end if separated else fallback_at) - now)
             statuses = [check.status or PathStatus(False, "timeout") for check in scrape.checks]
             self._last = list(zip(self.paths, statuses, strict=True))
-        free = family("colossalai_disk_free_bytes")
-        total = family("colossalai_disk_total_bytes")
-        ok = family("colossalai_disk_path_ok")
-        failure = family("colossalai_disk_path_failure_info")
+        free = catalogue.gauge("colossalai_disk_free_bytes")
+        total = catalogue.gauge("colossalai_disk_total_bytes")
+        ok = catalogue.gauge("colossalai_disk_path_ok")
+        failure = catalogue.info("colossalai_disk_path_failure_info")
         for watched, status in zip(self.paths, statuses, strict=True):
             labels = [watched.name, watched.path]
             ok.add_metric(labels, 1.0 if status.ok else 0.0)

@@ -10,11 +10,11 @@ fields is missing (another OS, a kernel older than 3.14 without MemAvailable).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING
 
 import psutil
 
-from colossalai_exporter.catalogue import family
+from colossalai_exporter import catalogue
 from colossalai_exporter.node.base import CollectorError
 
 if TYPE_CHECKING:
@@ -25,9 +25,9 @@ _FIELDS = ("MemTotal", "MemAvailable", "SwapTotal", "SwapFree")
 
 
 def _gauge(name: str, value: float) -> MetricFamily:
-    fam = family(name)
+    fam = catalogue.gauge(name)
     fam.add_metric([], value)
-    return cast("MetricFamily", fam)
+    return fam
 
 
 def read_meminfo(path: str = MEMINFO) -> dict[str, float] | None:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from prometheus_client.core import Metric as MetricFamily
 
-from colossalai_exporter.catalogue import family
+from colossalai_exporter import catalogue
 from colossalai_exporter.node.base import CollectorError, FuturePending
 
 if TYPE_CHECKING:
@@ -332,11 +332,11 @@ class NcclRasCollector:
         return self._families(report)
 
     def _families(self, report: RasReport | None) -> list[MetricFamily]:
-        size = family("colossalai_nccl_communicator_size")
-        missing = family("colossalai_nccl_communicator_missing_ranks")
-        ok = family("colossalai_nccl_communicator_ok")
-        problems = family("colossalai_nccl_rank_problem_info")
-        behind = family("colossalai_nccl_rank_collectives_behind")
+        size = catalogue.gauge("colossalai_nccl_communicator_size")
+        missing = catalogue.gauge("colossalai_nccl_communicator_missing_ranks")
+        ok = catalogue.gauge("colossalai_nccl_communicator_ok")
+        problems = catalogue.info("colossalai_nccl_rank_problem_info")
+        behind = catalogue.gauge("colossalai_nccl_rank_collectives_behind")
         out = [size, missing, ok, problems, behind]
         if report is None:
             return out

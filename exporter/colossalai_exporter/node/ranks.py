@@ -197,10 +197,10 @@ class RanksCollector:
             return [*self._empty(), self._errors_family()]
         now = self._clock()
         pids: dict[int, int] = {}
-        up = catalogue.family("colossalai_rank_up")
-        age = catalogue.family("colossalai_rank_snapshot_age_seconds")
-        stopped = catalogue.family("colossalai_rank_process_stopped")
-        alive_fam = catalogue.family("colossalai_rank_process_alive")
+        up = catalogue.gauge("colossalai_rank_up")
+        age = catalogue.gauge("colossalai_rank_snapshot_age_seconds")
+        stopped = catalogue.gauge("colossalai_rank_process_stopped")
+        alive_fam = catalogue.gauge("colossalai_rank_process_alive")
         training: dict[str, MetricFamily] = {}
         for rank, snap in look.snapshots:
             snap_age = max(0.0, now - snap.written)
@@ -246,7 +246,7 @@ class RanksCollector:
         return rank_ns is not None and self._pid_ns is not None and rank_ns != self._pid_ns
 
     def _errors_family(self) -> MetricFamily:
-        errors = catalogue.family("colossalai_rank_snapshot_errors_total")
+        errors = catalogue.counter("colossalai_rank_snapshot_errors_total")
         with self._lock:
             counts = dict(self._errors)
         for reason in ERROR_REASONS:

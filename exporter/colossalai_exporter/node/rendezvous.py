@@ -26,7 +26,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from colossalai_exporter.catalogue import family
+from colossalai_exporter import catalogue
 from colossalai_exporter.node.base import LoopWaker
 
 if TYPE_CHECKING:
@@ -243,9 +243,9 @@ class RendezvousCollector:
         return self._families([(ep, results[ep]) for ep in self.endpoints if ep in results])
 
     def _families(self, results: list[tuple[Endpoint, ConnectResult]]) -> list[MetricFamily]:
-        up = family("colossalai_nccl_up")
-        duration = family("colossalai_nccl_connect_duration_seconds")
-        failure = family("colossalai_nccl_failure_info")
+        up = catalogue.gauge("colossalai_nccl_up")
+        duration = catalogue.gauge("colossalai_nccl_connect_duration_seconds")
+        failure = catalogue.info("colossalai_nccl_failure_info")
         for endpoint, result in results:
             up.add_metric([endpoint.label], 1.0 if result.ok else 0.0)
             duration.add_metric([endpoint.label], result.seconds)

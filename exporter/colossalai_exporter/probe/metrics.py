@@ -5,10 +5,9 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.core import Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from colossalai_exporter import catalogue
@@ -22,38 +21,38 @@ REJECT_REASONS = ("missing_target", "bad_target", "missing_module", "unknown_mod
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
-def _family(name: str, labels: Iterable[str] = (), value: float | None = None) -> Any:
-    fam = catalogue.family(name)
+def _gauge(name: str, value: float | None = None) -> GaugeMetricFamily:
+    fam = catalogue.gauge(name)
     if value is not None:
-        fam.add_metric(list(labels), value)
+        fam.add_metric([], value)
     return fam
 
 
 def outcome_families(outcome: Outcome) -> list[Metric]:
     """The families one probe answers with (each probe gets its own registry)."""
     families: list[Metric] = [
-        _family("probe_success", value=1.0 if outcome.success else 0.0),
-        _family("probe_duration_seconds", value=outcome.duration),
-        _family("probe_dns_lookup_time_seconds", value=outcome.dns_seconds),
-        _family("probe_ip_protocol", value=float(outcome.ip_protocol)),
+        _gauge("probe_success", value=1.0 if outcome.success else 0.0),
+        _gauge("probe_duration_seconds", value=outcome.duration),
+        _gauge("probe_dns_lookup_time_seconds", value=outcome.dns_seconds),
+        _gauge("probe_ip_protocol", value=float(outcome.ip_protocol)),
     ]
-    failure = catalogue.family("probe_failure_info")
+    failure = catalogue.info("probe_failure_info")
     if outcome.reason is not None:
         failure.add_metric([], {"reason": outcome.reason})
     families.append(failure)
     session = outcome.session
     if outcome.http and session is not None:
-        families.append(_family("probe_http_status_code", value=float(session.status_code)))
-        phases = catalogue.family("probe_http_duration_seconds")
+        families.append(_gauge("probe_http_status_code", value=float(session.status_code)))
+        phases = catalogue.gauge("probe_http_duration_seconds")
         for phase in PHASES:
             phases.add_metric([phase], session.phases[phase])
         families.append(phases)
-        families.append(_family("probe_http_ssl", value=1.0 if session.tls_used else 0.0))
-        families.append(_family("probe_http_uncompressed_body_length",
+        families.append(_gauge("probe_http_ssl", value=1.0 if session.tls_used else 0.0))
+        families.append(_gauge("probe_http_uncompressed_body_length",
                                 value=float(session.body_length)))
     if session is not None and session.cert_expiry is not None:
-        families.append(_family("probe_ssl_earliest_cert_expiry", value=session.cert_expiry))
-    steps = catalogue.family("colossalai_probe_step_success")
+        families.append(_gauge("probe_ssl_earliest_cert_expiry", value=session.cert_expiry))
+    steps = catalogue.gauge("colossalai_probe_step_success")
     for step, ok in outcome.steps:
         steps.add_metric([step], 1.0 if ok else 0.0)
     families.append(steps)
@@ -110,23 +109,23 @@ class ProberStats(Collector):
             rejected = dict(self.rejected)
             in_flight = self.in_flight
             hist = {k: (list(v[0]), v[1], v[2]) for k, v in self._hist.items()}
-        fam = catalogue.family("colossalai_probe_probes_total")
+        fam = catalogue.counter("colossalai_probe_probes_total")
         keys = {(m, r) for m in self._modules for r in ("success", *REASONS)} | set(probes)
         for module, result in sorted(keys):
             fam.add_metric([module, result], probes.get((module, result), 0))
         yield fam
-        fam = catalogue.family("colossalai_probe_rejected_total")
+        fam = catalogue.counter("colossalai_probe_rejected_total")
         for reason in sorted(set(REJECT_REASONS) | set(rejected)):
             fam.add_metric([reason], rejected.get(reason, 0))
         yield fam
-        fam = catalogue.family("colossalai_probe_duration_seconds")
+        durations = catalogue.histogram("colossalai_probe_duration_seconds")
         for module in self._modules:
             buckets, total, count = hist.get(module, ([0] * len(DURATION_BUCKETS), 0.0, 0))
             pairs = [(repr(float(b)), float(n)) for b, n in zip(DURATION_BUCKETS, buckets,
                                                                 strict=True)]
             pairs.append(("+Inf", float(count)))
-            fam.add_metric([module], pairs, total)
-        yield fam
-        yield _family("colossalai_probe_in_flight", value=float(in_flight))
-        yield _family("colossalai_probe_max_concurrent", value=float(self._max_concurrent))
-        yield _family("colossalai_probe_modules", value=float(len(self._modules)))
+            durations.add_metric([module], pairs, total)
+        yield durations
+        yield _gauge("colossalai_probe_in_flight", value=float(in_flight))
+        yield _gauge("colossalai_probe_max_concurrent", value=float(self._max_concurrent))
+        yield _gauge("colossalai_probe_modules", value=float(len(self._modules)))

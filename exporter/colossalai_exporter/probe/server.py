@@ -47,7 +47,7 @@ LANDING = """<html><head><title>colossalai-exporter probe</title></head><body>
 
 class _BuildInfo(Collector):
     def collect(self) -> Iterator[Metric]:
-        build = catalogue.family("colossalai_exporter_build_info")
+        build = catalogue.info("colossalai_exporter_build_info")
         build.add_metric([], {"version": __version__,
                               "python_version": platform.python_version()})
         yield build

@@ -142,7 +142,7 @@ def _last_error(snap: Snapshot, rank: str) -> list[MetricFamily]:
 
 
 def _histogram(snap: Snapshot, rank: str) -> MetricFamily:
-    fam = catalogue.family("colossalai_training_step_duration_seconds")
+    fam = catalogue.histogram("colossalai_training_step_duration_seconds")
     assert isinstance(fam, HistogramMetricFamily)
     bounds = [*snap.step_buckets, float("inf")]
     cumulative, buckets = 0, []

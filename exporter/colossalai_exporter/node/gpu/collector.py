@@ -28,11 +28,6 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    InfoMetricFamily,
-)
 from prometheus_client.core import Metric as MetricFamily
 
 from colossalai_exporter import catalogue
@@ -398,14 +393,14 @@ class GpuCollector:
         return families
 
     def _build(self, reading: Reading) -> list[MetricFamily]:
-        devices = _gauge("colossalai_gpu_devices")
+        devices = catalogue.gauge("colossalai_gpu_devices")
         devices.add_metric([], len(reading.gpus))
         families: list[MetricFamily] = [devices]
         if self.expected is not None:
-            expected = _gauge("colossalai_gpu_expected_devices")
+            expected = catalogue.gauge("colossalai_gpu_expected_devices")
             expected.add_metric([], self.expected)
             families.append(expected)
-        info = _info("colossalai_gpu_info")
+        info = catalogue.info("colossalai_gpu_info")
         for gpu in reading.gpus:
             info.add_metric([str(gpu.index), gpu.uuid, gpu.name, reading.driver_version], {})
         families.append(info)
@@ -413,16 +408,16 @@ class GpuCollector:
         return [family for family in families if family.samples or family is devices]
 
     def _per_gpu(self, gpus: tuple[GpuReading, ...]) -> list[MetricFamily]:
-        used = _gauge("colossalai_gpu_memory_used_bytes")
-        total = _gauge("colossalai_gpu_memory_total_bytes")
-        percent = _gauge("colossalai_gpu_memory_used_percent")
-        utilization = _gauge("colossalai_gpu_utilization_ratio")
-        temperature = _gauge("colossalai_gpu_temperature_celsius")
-        power = _gauge("colossalai_gpu_power_watts")
-        ecc = _counter("colossalai_gpu_ecc_errors_total")
-        xids = _counter("colossalai_gpu_xid_errors_total")
-        last_xid = _gauge("colossalai_gpu_last_xid")
-        last_xid_at = _gauge("colossalai_gpu_last_xid_timestamp_seconds")
+        used = catalogue.gauge("colossalai_gpu_memory_used_bytes")
+        total = catalogue.gauge("colossalai_gpu_memory_total_bytes")
+        percent = catalogue.gauge("colossalai_gpu_memory_used_percent")
+        utilization = catalogue.gauge("colossalai_gpu_utilization_ratio")
+        temperature = catalogue.gauge("colossalai_gpu_temperature_celsius")
+        power = catalogue.gauge("colossalai_gpu_power_watts")
+        ecc = catalogue.counter("colossalai_gpu_ecc_errors_total")
+        xids = catalogue.counter("colossalai_gpu_xid_errors_total")
+        last_xid = catalogue.gauge("colossalai_gpu_last_xid")
+        last_xid_at = catalogue.gauge("colossalai_gpu_last_xid_timestamp_seconds")
         for gpu in gpus:
             label = [str(gpu.index)]
             if gpu.memory_used_bytes is not None and gpu.memory_total_bytes is not None:
@@ -450,23 +445,6 @@ class GpuCollector:
         return [used, total, percent, utilization, temperature, power, ecc, xids, last_xid,
                 last_xid_at]
 
-
-def _gauge(name: str) -> GaugeMetricFamily:
-    family = catalogue.family(name)
-    assert isinstance(family, GaugeMetricFamily), name
-    return family
-
-
-def _counter(name: str) -> CounterMetricFamily:
-    family = catalogue.family(name)
-    assert isinstance(family, CounterMetricFamily), name
-    return family
-
-
-def _info(name: str) -> InfoMetricFamily:
-    family = catalogue.family(name)
-    assert isinstance(family, InfoMetricFamily), name
-    return family
 
 
 if TYPE_CHECKING:
