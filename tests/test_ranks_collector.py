@@ -75,7 +75,7 @@ def test_ranks_seen_from_outside(tmp_path: Path, ranks: list[subprocess.Popen[by
         assert value("colossalai_rank_up", rank) == 1
         assert value("colossalai_training_stalled", rank) == 0
         assert value("colossalai_training_phase", rank, phase="training") == 1
-        assert value("colossalai_training_loss", rank) == 0.5
+        assert value("colossalai_training_loss", rank) is None  # in-process only
         assert (value("colossalai_rank_snapshot_age_seconds", rank) or 99) < 1.5
 
     # Frozen (SIGSTOP): the process exists, but its snapshot ages and the stall shows.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -140,3 +141,17 @@ def test_durations() -> None:
     for bad in ("", "5", "m5", "1h 30m", "-5m", "5M"):
         with pytest.raises(ValueError, match="not a Prometheus duration"):
             rules_config.Duration.parse(bad)
+
+
+def test_no_rule_reads_an_in_process_only_series_from_the_node_agent() -> None:
+    """The agent leaves these out (series budget): a rule reading them from its job
+    would never fire."""
+    from colossalai_exporter.training.families import INSIDE_ONLY
+
+    names = "|".join(sorted(INSIDE_ONLY))
+    selector = re.compile(rf"\b({names})(?:_bucket|_sum|_count)?\{{([^}}]*)\}}")
+    texts = [p.read_text() for p in (REPO / "rules").glob("*.rules.yml")]
+    uses = [m for text in texts for m in selector.finditer(text)]
+    assert uses, "expected the step-duration recording rule to read the rank servers"
+    for use in uses:
+        assert 'job="colossalai-training"' in use.group(2), use.group(0)

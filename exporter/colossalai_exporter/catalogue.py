@@ -63,11 +63,9 @@ class Metric:
 
     def sample_names(self) -> tuple[str, ...]:
         """Names of the samples this metric produces in the text exposition."""
-        if self.type == "counter":
-            return (self.name, self.family_name + "_created")
+        # No *_created samples: none of our servers writes them (issue 19's budget).
         if self.type == "histogram":
-            base = self.name
-            return (base + "_bucket", base + "_count", base + "_sum", base + "_created")
+            return (self.name + "_bucket", self.name + "_count", self.name + "_sum")
         return (self.name,)
 
 
@@ -226,7 +224,7 @@ TRAINING: tuple[Metric, ...] = (
        "The budget a stall is judged by in the current phase.", ("rank",), "seconds",
        "training"),
     _m("colossalai_training_phase", "gauge",
-       "1 for the rank's current phase, 0 for the others.", ("rank", "phase"),
+       "1 for the rank's current phase; the other phases are not served.", ("rank", "phase"),
        component="training"),
     _m("colossalai_training_phase_start_timestamp_seconds", "gauge",
        "When the rank entered its current phase.", ("rank",), "seconds", "training"),
@@ -453,10 +451,6 @@ PROCESS: tuple[Metric, ...] = (
 CATALOGUE: tuple[Metric, ...] = NODE + RANKS + TRAINING + PROBE + CHAT + BRIDGE + PROCESS
 BY_NAME: dict[str, Metric] = {m.name: m for m in CATALOGUE}
 
-# Standard process metrics: counter names in prometheus_client lack _created.
-_NO_CREATED = {"process_cpu_seconds_total"}
-
-
 def get(name: str) -> Metric:
     """The catalogue entry for ``name``; KeyError names the missing metric."""
     try:
@@ -541,7 +535,7 @@ def known_sample_names() -> set[str]:
     names: set[str] = set()
     for metric in CATALOGUE:
         names.update(metric.sample_names())
-    return names - {"process_cpu_seconds_created"} | _NO_CREATED
+    return names
 
 
 def in_component(*components: str) -> tuple[Metric, ...]:

@@ -8,6 +8,7 @@ from pathlib import Path
 from colossalai_exporter import checkout
 from colossalai_exporter.catalogue import CATALOGUE, COMPONENT_TITLES, Metric
 from colossalai_exporter.generated import write_or_check
+from colossalai_exporter.training.families import INSIDE_ONLY
 
 HEADER = """\
 # Metrics
@@ -22,10 +23,19 @@ No hostname, cluster or job label is stamped on any series: Prometheus adds
 """
 
 
+TRAINING_NOTE = """\
+The node agent serves each local rank's series below as well (job
+`colossalai-node`, seen from outside the process), except those marked
+*in-process only*: the rules need none of them, and leaving them out keeps the
+agent within 25 series per rank. `serve="local"` serves them for every rank.
+"""
+
+
 def _row(metric: Metric) -> str:
     labels = ", ".join(f"`{label}`" for label in metric.labels) or "—"
     unit = metric.unit or "—"
-    return f"| `{metric.name}` | {metric.type} | {unit} | {labels} | {metric.help} |"
+    note = " *In-process only.*" if metric.name in INSIDE_ONLY else ""
+    return f"| `{metric.name}` | {metric.type} | {unit} | {labels} | {metric.help}{note} |"
 
 
 def render() -> str:
@@ -35,6 +45,8 @@ def render() -> str:
         if not metrics:
             continue
         parts.append(f"\n## {title}\n")
+        if component == "training":
+            parts.append(TRAINING_NOTE)
         parts.append("| name | type | unit | labels | help |")
         parts.append("|---|---|---|---|---|")
         parts.extend(_row(m) for m in metrics)

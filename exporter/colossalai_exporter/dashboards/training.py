@@ -38,9 +38,9 @@ JOB = Selector('job=~"$job"')
 def phase_code() -> str:
     """One number per rank for its current phase (1 + its index in PHASES).
 
-    ``colossalai_training_phase`` is 1 for the current phase and 0 for the
-    others; weighting each phase's series by its code and taking the max gives
-    a single series per rank that a state timeline maps back to phase names.
+    ``colossalai_training_phase`` is served for the current phase only (value 1);
+    weighting each phase's series by its code and taking the max gives a single
+    series per rank that a state timeline maps back to phase names.
     """
     terms = "\n  or ".join(
         R("colossalai_training_phase", 'phase="' + name + '"') + f" * {i + 1}"

@@ -221,7 +221,7 @@ class RanksCollector:
             if pids_mean_something:
                 stopped.add_metric(label, 1.0 if is_stopped else 0.0)
                 alive_fam.add_metric(label, 1.0 if alive else 0.0)
-            self._merge(training, families(snap, now=now))
+            self._merge(training, families(snap, now=now, outside=True))
         self._pids = pids
         return [up, age, stopped, alive_fam, self._errors_family(), *training.values()]
 
