@@ -8,6 +8,11 @@ defaults plus two watched paths (its gpu collector included: on a machine
 without a driver it fails fast with reason no_driver).
 
     python bench/node_scrape.py --scrapes 300
+    python bench/node_scrape.py --scrapes 300 --ranks 8   # a node with 8 live ranks
+
+``--ranks N`` starts N live training ranks first (a TrainingMonitor stepping every
+50 ms with a loss, a checkpoint written, the default one-second publish interval),
+whose run directory the agent reads: what a busy node's agent serves.
 """
 
 from __future__ import annotations
@@ -93,6 +98,35 @@ def timed_starts(commands: dict[str, tuple[list[str], str]], count: int, env: di
     return running, starts
 
 
+RANK_SCRIPT = """
+import sys, time
+from colossalai_exporter import TrainingMonitor
+monitor = TrainingMonitor(serve="none", run_dir=sys.argv[1])
+with monitor.checkpoint(step=0):
+    pass
+while True:
+    with monitor.step(samples=8, tokens=8192) as step:
+        time.sleep(0.05)
+        step.loss = 1.5
+"""
+
+
+def start_ranks(count: int, run_dir: str, env: dict[str, str]) -> list[subprocess.Popen[bytes]]:
+    """``count`` live ranks of one job on this node, each publishing its snapshot."""
+    procs = []
+    for rank in range(count):
+        rank_env = dict(env, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(count),
+                        OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, run_dir],
+                                      env=rank_env, stdout=subprocess.DEVNULL))
+    deadline = time.monotonic() + 60
+    while len(list(Path(run_dir).glob("rank-*.json"))) < count:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"{count} ranks did not publish within 60 s")
+        time.sleep(0.1)
+    return procs
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -144,6 +178,8 @@ def main() -> int:
     parser.add_argument("--starts", type=int, default=5,
                         help="start each exporter this many times (alternating) for the "
                              "time to its first scrape; the median is reported")
+    parser.add_argument("--ranks", type=int, default=0,
+                        help="live training ranks on this node, read by the agent")
     parser.add_argument("agent_args", nargs="*", help="extra flags for the agent")
     args = parser.parse_args()
     # As installed by pip, which compiles bytecode: without it, every start of a
@@ -156,9 +192,11 @@ def main() -> int:
     ckpt = tempfile.mkdtemp()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         filter(None, [str(REPO / "exporter"), os.environ.get("PYTHONPATH")])))
+    run_dir = tempfile.mkdtemp()
+    ranks = start_ranks(args.ranks, run_dir, env)
     ours_port, theirs_port = free_port(), free_port()
     ours_cmd = [sys.executable, "-m", "colossalai_exporter", "node",
-                "--web.listen-address", f"127.0.0.1:{ours_port}",
+                "--web.listen-address", f"127.0.0.1:{ours_port}", "--ranks.run-dir", run_dir,
                 "--disk", f"checkpoints={ckpt}", "--disk", "root=/",
                 "--log.level", "warn", *extra]
     theirs_cmd = [node_exporter, f"--web.listen-address=127.0.0.1:{theirs_port}",
@@ -183,12 +221,13 @@ def main() -> int:
         rss = {"colossalai-exporter node": peak_rss_bytes(ours.pid),
                "node_exporter": peak_rss_bytes(theirs.pid)}
     finally:
-        for proc in (ours, theirs):
+        for proc in (ours, theirs, *ranks):
             proc.terminate()
             proc.wait(10)
     first = {name: statistics.median(values) for name, values in starts.items()}
     print(f"{args.scrapes} scrapes each, alternating, keep-alive, loopback, "
-          f"{os.cpu_count()} cores, Accept-Encoding: {args.accept_encoding}\n")
+          f"{os.cpu_count()} cores, Accept-Encoding: {args.accept_encoding}, "
+          f"{args.ranks} live ranks\n")
     print("| exporter | median scrape | p99 scrape | server CPU per scrape | peak RSS "
           "| first scrape after start (median) | series |")
     print("|---|---|---|---|---|---|---|")

@@ -305,3 +305,37 @@ def test_a_hung_read_does_not_hold_up_the_agents_exit(tmp_path: Path) -> None:
                             timeout=30, env=cli_env(), check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split("\n")[:2] == ["timeout", "disk timed out"]
+
+
+def test_process_state_reads_the_kernels_view_of_a_pid() -> None:
+    """One read of /proc/<pid>/stat: alive, stopped, zombie, gone, or a reused pid."""
+    from colossalai_exporter.node.ranks import process_state
+
+    # A command name with a space and parentheses, as /proc/<pid>/stat quotes it.
+    child = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys, time
+        open("/proc/self/comm", "w").write("r 1) (x")
+        print("ready", flush=True)
+        time.sleep(60)
+    """)], stdout=subprocess.PIPE)
+    try:
+        assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+        started = psutil.Process(child.pid).create_time()
+        assert process_state(child.pid, started) == (True, False)
+        assert process_state(child.pid, None) == (True, False)
+        # the same pid with another start time: another process now
+        assert process_state(child.pid, started - 60) == (False, False)
+        os.kill(child.pid, signal.SIGSTOP)
+        wait_until(lambda: process_state(child.pid, started) == (True, True), timeout=10,
+                   what="the stopped state")
+        os.kill(child.pid, signal.SIGCONT)
+        child.kill()
+        # killed and not yet reaped: a zombie, which is not alive
+        wait_until(lambda: process_state(child.pid, started) == (False, False), timeout=10,
+                   what="the zombie")
+    finally:
+        child.kill()
+        child.wait(10)
+        if child.stdout is not None:
+            child.stdout.close()
+    assert process_state(child.pid, started) == (False, False)  # reaped: gone

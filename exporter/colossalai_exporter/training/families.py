@@ -9,6 +9,12 @@ the node agent uses it.
 
 from __future__ import annotations
 
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    InfoMetricFamily,
+)
 from prometheus_client.core import Metric as MetricFamily
 
 from colossalai_exporter import catalogue
@@ -30,152 +36,162 @@ INSIDE_ONLY = frozenset({
 })
 
 
-def _fmt(value: float) -> str:
-    return "+Inf" if value == float("inf") else repr(float(value))
+_INF = float("inf")
+_OUTSIDE = (
+    "colossalai_training_info", "colossalai_training_steps_total",
+    "colossalai_training_last_step_timestamp_seconds",
+    "colossalai_training_step_timeout_seconds", "colossalai_training_phase",
+    "colossalai_training_phase_start_timestamp_seconds", "colossalai_training_stalled",
+    "colossalai_kernels_ready", "colossalai_kernel_build_failures_total",
+    "colossalai_training_last_error_info", "colossalai_training_last_error_timestamp_seconds",
+    "colossalai_training_activity_info", "colossalai_training_activity_samples_total",
+    "colossalai_training_waiting_samples_total", "colossalai_gemini_oom_total",
+    "colossalai_checkpoint_last_success_timestamp_seconds", "colossalai_checkpoint_last_step",
+    "colossalai_checkpoint_failures_total",
+    "colossalai_heartbeat_last_success_timestamp_seconds",
+    "colossalai_heartbeat_last_attempt_timestamp_seconds", "colossalai_heartbeat_sends_total",
+    "colossalai_training_monitor_errors_total",
+)
+_INSIDE = (
+    "colossalai_training_step_duration_seconds", "colossalai_training_samples_total",
+    "colossalai_training_tokens_total", "colossalai_training_stalls_total",
+    "colossalai_training_loss", "colossalai_checkpoint_duration_seconds",
+    "colossalai_checkpoint_in_flight",
+)
+_GEMINI = ("colossalai_gemini_chunk_memory_bytes", "colossalai_gemini_h2d_bytes_total",
+           "colossalai_gemini_d2h_bytes_total")
 
 
-def _gauge(out: list[MetricFamily], name: str, rank: str, value: float | None,
-           *labels: str) -> None:
-    fam = catalogue.gauge(name)
-    if value is not None:  # an absent value is an empty family, not a zero
-        fam.add_metric([rank, *labels], float(value))
-    out.append(fam)
+class RankFamilies:
+    """The families of any number of ranks, each family made once (a node's eight ranks
+    share them: the agent builds one set per scrape, not one per rank).
 
+    ``outside`` is the node agent's view: only what the rules need from outside the
+    process (at most 25 series per rank with the agent's own four;
+    tests/test_series_budget.py). The in-process view adds what only dashboards
+    read (:data:`INSIDE_ONLY`). Counters carry no created timestamp: a ``*_created``
+    series per counter would double every rank's series at fleet size, for a value
+    Prometheus does not use.
+    """
 
-def _counter(out: list[MetricFamily], name: str, rank: str, value: float,
-             *labels: str) -> None:
-    # No created timestamp: a *_created series per counter would double the series
-    # of every rank at fleet size for a value Prometheus does not use (issue 19).
-    fam = catalogue.counter(name)
-    fam.add_metric([rank, *labels], float(value))
-    out.append(fam)
+    def __init__(self, *, outside: bool = False) -> None:
+        self.outside = outside
+        self.ranks = 0  # added so far
+        names = _OUTSIDE if outside else (*_OUTSIDE, *_INSIDE, *_GEMINI)
+        self._fams: dict[str, MetricFamily] = {n: catalogue.family(n) for n in names}
+        # The same families, by the shape of their samples (typed add_metric).
+        self._values: dict[str, GaugeMetricFamily | CounterMetricFamily] = {
+            n: f for n, f in self._fams.items()
+            if isinstance(f, GaugeMetricFamily | CounterMetricFamily)}
+        self._infos: dict[str, InfoMetricFamily] = {
+            n: f for n, f in self._fams.items() if isinstance(f, InfoMetricFamily)}
+
+    def _add(self, name: str, labels: list[str], value: float | None) -> None:
+        if value is not None:  # an absent value is an empty family, not a zero
+            self._values[name].add_metric(labels, float(value))
+
+    def add(self, snap: Snapshot, now: float | None = None) -> None:
+        """One rank's series; ``now`` judges the stall again (the agent's view)."""
+        self.ranks += 1
+        rank = str(snap.rank)
+        add = self._add
+        stalled = snap.stalled if now is None else judge(snap, now)[0]
+        values = dict(snap.info)
+        values.setdefault("world_size", str(snap.world_size))
+        self._infos["colossalai_training_info"].add_metric(
+            [rank, *(str(values.get(k, "")) for k in INFO_LABELS)], {})
+        add("colossalai_training_steps_total", [rank], snap.steps)
+        add("colossalai_training_last_step_timestamp_seconds", [rank], snap.last_step)
+        add("colossalai_training_step_timeout_seconds", [rank], snap.timeout)
+        # The current phase only (1): the others' zeros would be 6 series a rank that no
+        # rule or panel needs, since every query selects the phase it asks about == 1.
+        add("colossalai_training_phase", [rank, snap.phase], 1.0)
+        add("colossalai_training_phase_start_timestamp_seconds", [rank], snap.phase_start)
+        add("colossalai_training_stalled", [rank], 1.0 if stalled else 0.0)
+        add("colossalai_kernels_ready", [rank], 1.0 if snap.kernels_ready else 0.0)
+        add("colossalai_kernel_build_failures_total", [rank], snap.kernel_failures)
+        self._last_error(snap, rank)
+        self._activity(snap, rank, stalled)
+        add("colossalai_training_activity_samples_total", [rank], snap.activity_samples)
+        add("colossalai_training_waiting_samples_total", [rank], snap.waiting_samples)
+        for device in DEVICES:  # each device from 0, so the first OOM is an increase
+            add("colossalai_gemini_oom_total", [rank, device], snap.oom.get(device, 0))
+        ckpt = snap.checkpoint
+        add("colossalai_checkpoint_last_success_timestamp_seconds", [rank], ckpt.last_success)
+        add("colossalai_checkpoint_last_step", [rank], ckpt.last_step)
+        add("colossalai_checkpoint_failures_total", [rank], ckpt.failures)
+        self._heartbeats(snap, rank)  # only on ranks that send them (rank 0 by default)
+        for where in MONITOR_ERROR_PLACES:
+            # Outside, only the places that failed: six zeros a rank are for the
+            # dashboards of the in-process view.
+            count = snap.monitor_errors.get(where, 0)
+            if count or not self.outside:
+                add("colossalai_training_monitor_errors_total", [rank, where], count)
+        if not self.outside:
+            self._inside_only(snap, rank)
+
+    def families(self) -> list[MetricFamily]:
+        """Every family, in catalogue order; Gemini's only when a rank has Gemini."""
+        return [f for n, f in self._fams.items() if f.samples or n not in _GEMINI]
+
+    def _inside_only(self, snap: Snapshot, rank: str) -> None:
+        add = self._add
+        self._histogram(snap, rank)
+        add("colossalai_training_samples_total", [rank], snap.samples)
+        add("colossalai_training_tokens_total", [rank], snap.tokens)
+        add("colossalai_training_stalls_total", [rank], snap.stalls)
+        add("colossalai_training_loss", [rank], snap.loss)
+        add("colossalai_checkpoint_duration_seconds", [rank], snap.checkpoint.duration)
+        add("colossalai_checkpoint_in_flight", [rank], 1.0 if snap.checkpoint.in_flight else 0.0)
+        gemini = snap.gemini
+        if gemini is not None:  # GeminiPlugin only: absent rather than zero elsewhere
+            for device, value in sorted(gemini.chunk_memory.items()):
+                add("colossalai_gemini_chunk_memory_bytes", [rank, device], value)
+            add("colossalai_gemini_h2d_bytes_total", [rank], gemini.h2d)
+            add("colossalai_gemini_d2h_bytes_total", [rank], gemini.d2h)
+
+    def _activity(self, snap: Snapshot, rank: str, stalled: bool) -> None:
+        # Only while the rank is stalled: then its place names who a hang waits for,
+        # and it does not move. A healthy rank's place changes every second (no churn).
+        where = snap.activity
+        if stalled and where is not None:
+            self._infos["colossalai_training_activity_info"].add_metric(
+                [rank, where.kind, where.collective, where.frame], {})
+
+    def _last_error(self, snap: Snapshot, rank: str) -> None:
+        # Absent until the rank has seen an exception.
+        error = snap.last_error
+        if error is not None:
+            self._infos["colossalai_training_last_error_info"].add_metric(
+                [rank, error.where, error.type, error.device, error.message], {})
+            self._add("colossalai_training_last_error_timestamp_seconds", [rank], error.time)
+
+    def _histogram(self, snap: Snapshot, rank: str) -> None:
+        bounds = [*snap.step_buckets, _INF]
+        cumulative, buckets = 0, []
+        for bound, count in zip(bounds, snap.step_hist, strict=True):
+            cumulative += int(count)
+            buckets.append(("+Inf" if bound == _INF else repr(float(bound)), float(cumulative)))
+        # The count is the +Inf bucket by construction, so the exposition is consistent
+        # even if the hot path bumped a bucket while this was read.
+        histogram = self._fams["colossalai_training_step_duration_seconds"]
+        assert isinstance(histogram, HistogramMetricFamily)
+        histogram.add_metric([rank], buckets, snap.step_sum)
+
+    def _heartbeats(self, snap: Snapshot, rank: str) -> None:
+        for name, hb in sorted(snap.heartbeats.items()):
+            self._add("colossalai_heartbeat_last_success_timestamp_seconds", [rank, name],
+                      hb.last_success)
+            self._add("colossalai_heartbeat_last_attempt_timestamp_seconds", [rank, name],
+                      hb.last_attempt)
+            for result in HEARTBEAT_RESULTS:
+                self._add("colossalai_heartbeat_sends_total", [rank, name, result],
+                          getattr(hb, result))
 
 
 def families(snap: Snapshot, now: float | None = None, *,
              outside: bool = False) -> list[MetricFamily]:
-    """Families for one rank's snapshot.
-
-    ``outside`` is the node agent's view of every local rank: ``now`` re-judges
-    the stall, and only what the rules need from outside the process is served
-    (at most 25 series per rank with the agent's own four; tests/test_series_budget.py).
-    The in-process server (``outside=False``) adds what only dashboards read: the
-    step histogram's buckets, samples, tokens, loss, stalls, checkpoint duration and
-    in-flight, Gemini's chunk memory and traffic, and every monitor error place.
-    """
-    rank = str(snap.rank)
-    out: list[MetricFamily] = []
-    stalled = snap.stalled if now is None else judge(snap, now)[0]
-
-    info = catalogue.info("colossalai_training_info")
-    values = dict(snap.info)
-    values.setdefault("world_size", str(snap.world_size))
-    info.add_metric([rank, *(str(values.get(k, "")) for k in INFO_LABELS)], {})
-    out.append(info)
-
-    _counter(out, "colossalai_training_steps_total", rank, snap.steps)
-    _gauge(out, "colossalai_training_last_step_timestamp_seconds", rank, snap.last_step)
-    _gauge(out, "colossalai_training_step_timeout_seconds", rank, snap.timeout)
-    # The current phase only (1): the others' zeros are 6 series a rank that no rule
-    # or panel needs, since every query selects the phase it asks about with == 1.
-    _gauge(out, "colossalai_training_phase", rank, 1.0, snap.phase)
-    _gauge(out, "colossalai_training_phase_start_timestamp_seconds", rank, snap.phase_start)
-    _gauge(out, "colossalai_training_stalled", rank, 1.0 if stalled else 0.0)
-    _gauge(out, "colossalai_kernels_ready", rank, 1.0 if snap.kernels_ready else 0.0)
-    _counter(out, "colossalai_kernel_build_failures_total", rank, snap.kernel_failures)
-    out.extend(_last_error(snap, rank))
-    out.append(_activity(snap, rank, stalled))
-    _counter(out, "colossalai_training_activity_samples_total", rank, snap.activity_samples)
-    _counter(out, "colossalai_training_waiting_samples_total", rank, snap.waiting_samples)
-    oom = catalogue.counter("colossalai_gemini_oom_total")
-    for device in DEVICES:  # each device from 0, so the first OOM is an increase
-        oom.add_metric([rank, device], float(snap.oom.get(device, 0)))
-    out.append(oom)
-    ckpt = snap.checkpoint
-    _gauge(out, "colossalai_checkpoint_last_success_timestamp_seconds", rank,
-           ckpt.last_success)
-    _gauge(out, "colossalai_checkpoint_last_step", rank, ckpt.last_step)
-    _counter(out, "colossalai_checkpoint_failures_total", rank, ckpt.failures)
-    out.extend(_heartbeats(snap, rank))  # only on ranks that send them (rank 0 by default)
-    out.append(_monitor_errors(snap, rank, every_place=not outside))
-    if not outside:
-        out.extend(_inside_only(snap, rank))
-    return out
-
-
-def _inside_only(snap: Snapshot, rank: str) -> list[MetricFamily]:
-    out: list[MetricFamily] = [_histogram(snap, rank)]
-    _counter(out, "colossalai_training_samples_total", rank, snap.samples)
-    _counter(out, "colossalai_training_tokens_total", rank, snap.tokens)
-    _counter(out, "colossalai_training_stalls_total", rank, snap.stalls)
-    _gauge(out, "colossalai_training_loss", rank, snap.loss)
-    _gauge(out, "colossalai_checkpoint_duration_seconds", rank, snap.checkpoint.duration)
-    _gauge(out, "colossalai_checkpoint_in_flight", rank,
-           1.0 if snap.checkpoint.in_flight else 0.0)
-    gemini = snap.gemini
-    if gemini is not None:  # GeminiPlugin only: absent rather than zero elsewhere
-        chunk = catalogue.gauge("colossalai_gemini_chunk_memory_bytes")
-        for device, value in sorted(gemini.chunk_memory.items()):
-            chunk.add_metric([rank, device], float(value))
-        out.append(chunk)
-        _counter(out, "colossalai_gemini_h2d_bytes_total", rank, gemini.h2d)
-        _counter(out, "colossalai_gemini_d2h_bytes_total", rank, gemini.d2h)
-    return out
-
-
-def _monitor_errors(snap: Snapshot, rank: str, every_place: bool) -> MetricFamily:
-    # Outside, only the places that failed: six zeros a rank are for the dashboards of
-    # the in-process view; a failing place still shows on every rank.
-    errors = catalogue.counter("colossalai_training_monitor_errors_total")
-    for where in MONITOR_ERROR_PLACES:
-        count = snap.monitor_errors.get(where, 0)
-        if every_place or count:
-            errors.add_metric([rank, where], float(count))
-    return errors
-
-
-def _activity(snap: Snapshot, rank: str, stalled: bool) -> MetricFamily:
-    # Only while the rank is stalled: then its place names who a hang waits for, and
-    # it does not move. A healthy rank's place changes every second (no series churn).
-    info = catalogue.info("colossalai_training_activity_info")
-    where = snap.activity
-    if stalled and where is not None:
-        info.add_metric([rank, where.kind, where.collective, where.frame], {})
-    return info
-
-
-def _last_error(snap: Snapshot, rank: str) -> list[MetricFamily]:
-    # Absent (empty families) until the rank has seen an exception.
-    info = catalogue.info("colossalai_training_last_error_info")
-    when = catalogue.gauge("colossalai_training_last_error_timestamp_seconds")
-    error = snap.last_error
-    if error is not None:
-        info.add_metric([rank, error.where, error.type, error.device, error.message], {})
-        when.add_metric([rank], error.time)
-    return [info, when]
-
-
-def _histogram(snap: Snapshot, rank: str) -> MetricFamily:
-    fam = catalogue.histogram("colossalai_training_step_duration_seconds")
-    bounds = [*snap.step_buckets, float("inf")]
-    cumulative, buckets = 0, []
-    for bound, count in zip(bounds, snap.step_hist, strict=True):
-        cumulative += int(count)
-        buckets.append((_fmt(bound), float(cumulative)))
-    # The count is the +Inf bucket by construction, so the exposition is consistent
-    # even if the hot path bumped a bucket while this was read.
-    fam.add_metric([rank], buckets, snap.step_sum)
-    return fam
-
-
-def _heartbeats(snap: Snapshot, rank: str) -> list[MetricFamily]:
-    success = catalogue.gauge("colossalai_heartbeat_last_success_timestamp_seconds")
-    attempt = catalogue.gauge("colossalai_heartbeat_last_attempt_timestamp_seconds")
-    sends = catalogue.counter("colossalai_heartbeat_sends_total")
-    for name, hb in sorted(snap.heartbeats.items()):
-        if hb.last_success is not None:
-            success.add_metric([rank, name], hb.last_success)
-        if hb.last_attempt is not None:
-            attempt.add_metric([rank, name], hb.last_attempt)
-        for result in HEARTBEAT_RESULTS:
-            sends.add_metric([rank, name, result], float(getattr(hb, result)))
-    return [success, attempt, sends]
+    """Families for one rank's snapshot (see :class:`RankFamilies`)."""
+    built = RankFamilies(outside=outside)
+    built.add(snap, now)
+    return built.families()

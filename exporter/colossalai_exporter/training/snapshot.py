@@ -165,6 +165,7 @@ def decode(data: bytes, source: str = "snapshot") -> Snapshot:
 
 
 DEFAULT_RUN_DIR = "/dev/shm/colossalai-exporter"
+_MAX_SNAPSHOT_BYTES = 1 << 20
 RUN_DIR_ENV = "COLOSSALAI_EXPORTER_RUN_DIR"
 SNAPSHOT_RE = re.compile(r"^rank-(\d+)\.json$")
 
@@ -226,7 +227,9 @@ def read_snapshot(path: Path) -> Snapshot:
     """Read and validate one snapshot file; OSError when unreadable, SnapshotError when
     it is not a snapshot this version can use."""
     with open(path, "rb") as f:
-        data = f.read(1 << 20)
+        # Sized by the file (a few KiB), capped at 1 MiB for a bogus file: a read of a
+        # fixed 1 MiB allocates that much each time, a third of the agent's read.
+        data = f.read(min(os.fstat(f.fileno()).st_size, _MAX_SNAPSHOT_BYTES) + 1)
     return decode(data, str(path))
 
 
