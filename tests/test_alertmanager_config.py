@@ -15,6 +15,7 @@ from colossalai_exporter.rulesgen.rules import (
     ALERT_NAMES,
     CAUSE_ALERTS,
     CONSEQUENCE_ALERTS,
+    GENERAL_CAUSE_ALERTS,
     SPECIFIC_CAUSE_ALERTS,
 )
 from conftest import REPO, http_get, require_binary, wait_until
@@ -116,7 +117,7 @@ def test_cause_alerts_inhibit_their_runs_consequences_as_the_rules_define_them()
     assert set(CAUSE_ALERTS) | set(CONSEQUENCE_ALERTS) <= set(ALERT_NAMES)
     assert _config()["inhibit_rules"][2] == {
         "source_matchers": [f'alertname=~"{"|".join(SPECIFIC_CAUSE_ALERTS)}"'],
-        "target_matchers": ['alertname="TrainingHangSuspect"'],
+        "target_matchers": [f'alertname=~"{"|".join(GENERAL_CAUSE_ALERTS)}"'],
         "equal": ["run"]}
 
 

@@ -50,7 +50,7 @@ class TwoRanks(Collector):
         self.ranks = [RankState(r, r, 2, 1000 + r, None, now=now - 120) for r in (0, 1)]
         for state in self.ranks:
             state.phase, state.phase_start, state.kernels_ready = "training", now - 110, True
-            state.info = {"plugin": "gemini", "world_size": "2"}
+            state.info = {"plugin": "gemini", "world_size": "2", "run": "llama-7b-0412"}
             state.steps, state.last_step, state.loss = 10, now - 100, 2.5
         stepping = self.ranks[1]
         stepping.checkpoint_last_success, stepping.checkpoint_last_step = now - 30, 10
@@ -67,6 +67,7 @@ class TwoRanks(Collector):
             stepping.last_step = now
             stepping.hist[5] += 1  # the 0.25 s bucket
             stepping.duration_sum += 0.2
+            stepping.productive += 0.2
             stepping.loss = 2.5 / stepping.steps ** 0.5
             beat = stepping.heartbeats["step"]
             beat.last_success = beat.last_attempt = now

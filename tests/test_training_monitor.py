@@ -430,3 +430,29 @@ def test_package_root_and_node_side_never_import_torch() -> None:
     result = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True,
                             text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
+
+
+def test_productive_and_checkpointed_seconds_for_goodput(tmp_path: Path) -> None:
+    """Productive seconds: completed steps, each up to the stall budget the publisher
+    last computed; checkpointed seconds: the part the last good checkpoint saved."""
+    monitor = quiet(tmp_path, step_timeout=5.0)
+    try:
+        monitor.step_done(2.0)
+        monitor.step_done(3.0)
+        assert monitor.snapshot().timeout == 5.0  # the publisher's view: cap now 5 s
+        monitor.step_done(60.0)  # overran its budget: 5 s of step, 55 s of stall
+        with monitor.checkpoint(step=3):
+            monitor.step_done(1.0)  # (a step inside the save is not in it)
+        monitor.step_done(4.0)
+        with pytest.raises(OSError, match="disk full"), monitor.checkpoint(step=5):
+            raise OSError("disk full")
+        snap = monitor.snapshot()
+    finally:
+        monitor.close()
+    assert snap.productive == pytest.approx(2 + 3 + 5 + 1 + 4)
+    assert snap.checkpointed == pytest.approx(2 + 3 + 5)  # the failed save kept nothing
+    assert sample(snap, "colossalai_training_productive_seconds_total") == \
+        pytest.approx(15.0)
+    assert sample(snap, "colossalai_training_checkpointed_seconds_total") == \
+        pytest.approx(10.0)
+    assert sample(snap, "colossalai_training_start_timestamp_seconds") == snap.created

@@ -173,6 +173,32 @@ def progress_row(config: RulesConfig) -> Row:
     ))
 
 
+def goodput_row(config: RulesConfig) -> Row:
+    """The run's effective training time, and the restarts that eat it."""
+    runs = 'group by (run) (colossalai_training_info{job=~"$job"})'
+    restarts = config.thresholds.restart_loop_restarts
+    return Row("Goodput", (
+        timeseries("Goodput",
+                   "Share of wall time each run spent in training steps whose work was "
+                   "kept: start-up, kernel builds, checkpoints, stalls past the budget, "
+                   "time down and work lost to restarts count against it (docs/rules.md, "
+                   "Goodput). Over 1h (solid) and 24h (dashed).",
+                   Query(f"{rules.goodput_ratio('1h')} and on (run) {runs}", "{{run}} 1h"),
+                   Query(f"{rules.goodput_ratio('24h')} and on (run) {runs}", "{{run}} 24h"),
+                   w=12, unit="percentunit", min=0, max=1, dashed=("B",)),
+        timeseries("Restarts in the last hour",
+                   f"New processes on each run's busiest rank over the past hour. "
+                   f"{restarts} or more without a checkpoint is TrainingRestartLoop.",
+                   Query("max by (run) (\n  changes("
+                         f"{JOB('colossalai_training_start_timestamp_seconds')}[1h])\n"
+                         "  * on (job, instance, rank) group_left (run)\n"
+                         f"    max by (job, instance, rank, run) ({JOB(rules.INFO)})\n)",
+                         "{{run}}"),
+                   w=12, min=0, decimals=0, show_thresholds=True,
+                   thresholds=(Step("green"), Step("red", restarts))),
+    ))
+
+
 def checkpoint_row(config: RulesConfig) -> Row:
     interval = config.thresholds.checkpoint_interval
     return Row("Checkpoints", (
@@ -271,7 +297,7 @@ def build(config: RulesConfig) -> Dashboard:
                                    multi=True, numeric=True, all_value=".*"),
         ),
         rows=(status_row(), waiting_row(Selector(config.selectors.node)), progress_row(config),
-              checkpoint_row(config), gemini_row(), heartbeat_row(config)),
+              goodput_row(config), checkpoint_row(config), gemini_row(), heartbeat_row(config)),
         alerts_annotation='ALERTS{alertstate="firing", job=~"$job"}',
         tags=("training",),
     )

@@ -70,6 +70,8 @@ class Thresholds:
     disk_filling_horizon: Duration
     disk_filling_for: Duration
     checkpoint_interval: Duration
+    restart_loop_restarts: int
+    restart_loop_window: Duration
     gemini_oom_window: Duration
     checkpoint_failure_window: Duration
     kernel_failure_window: Duration

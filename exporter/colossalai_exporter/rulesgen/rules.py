@@ -38,7 +38,10 @@ INFO = "colossalai_training_info"
 # torch.save leaves that rank outside any collective while the others wait).
 SPECIFIC_CAUSE_ALERTS = ("GeminiOutOfMemory", "KernelBuildFailed", "CheckpointFailing",
                          "CheckpointStuck")
-CAUSE_ALERTS = (*SPECIFIC_CAUSE_ALERTS, "TrainingHangSuspect")
+# Causes named from the outside (who a hang waits for; a run that keeps restarting): they
+# explain the stalls and rank-downs that follow, and a specific cause explains them.
+GENERAL_CAUSE_ALERTS = ("TrainingHangSuspect", "TrainingRestartLoop")
+CAUSE_ALERTS = (*SPECIFIC_CAUSE_ALERTS, *GENERAL_CAUSE_ALERTS)
 CONSEQUENCE_ALERTS = ("TrainingRankDown", "TrainingStalled", "NCCLRendezvousDown",
                       "TrainingStartupStuck", "KernelsNotReady")
 
@@ -49,6 +52,18 @@ STEP_RATE_RATIO = "job_rank:colossalai_training_steps:rate5m_ratio_to_median"
 STEP_MEAN = "job_rank:colossalai_training_step_duration_seconds:mean5m"
 WAIT_SHARE = "run_rank:colossalai_training_waiting:ratio5m"
 WAIT_SHARE_MEDIAN = "run:colossalai_training_waiting:median_ratio5m"
+GOODPUT_WINDOWS = ("1h", "24h")
+
+
+def goodput_ratio(window: str) -> str:
+    """``colossalai:job_goodput_ratio:<window>``: per run, see docs/rules.md, "Goodput"."""
+    return f"colossalai:job_goodput_ratio:{window}"
+
+
+def kept_seconds(window: str) -> str:
+    """Productive step seconds each rank kept over ``window`` (the goodput's numerator)."""
+    return f"run_rank:colossalai_training_kept_seconds:{window}"
+
 GPU_MEM_MAX = "instance:colossalai_gpu_memory_used_percent:max"
 HOST_MEM_AVAIL = "instance:colossalai_host_memory_available_bytes:percent"
 
@@ -243,6 +258,104 @@ def hang_suspects(t: Selector, n: Selector) -> tuple[Alert, Alert, Alert]:
     return outside, not_responding, nccl
 
 
+def goodput(t: Selector, n: Selector, window: str) -> tuple[Recording, Recording]:
+    """Goodput over ``window`` per run (docs/rules.md, "Goodput", defines it).
+
+    Kept seconds of each rank's series over the window: what its checkpoints saved
+    within it, plus what it has done since its last checkpoint if its process is
+    alive, less what it had done since its last checkpoint when the window began
+    (saved within the window, or lost). A restart resets both counters, which
+    increase() handles; the work a crash loses is in neither term. The run's
+    goodput is its ranks' mean kept seconds over the window, or over the run's
+    age where it is younger.
+    """
+    seconds = Duration.parse(window).seconds
+    produced = "colossalai_training_productive_seconds_total"
+    saved = "colossalai_training_checkpointed_seconds_total"
+
+    def kept(sel: Selector) -> str:
+        increase = f"increase({sel(saved)}[{window}])"
+        zero = f"0 * {increase}"  # a series without the term: 0, not no result
+        return expr(f"""
+              {increase}
+            +
+              (
+                  {sel(produced)} - {sel(saved)}
+                  unless on (job, instance, rank) {sel("colossalai_rank_up")} == 0
+                or
+                  {zero}
+              )
+            -
+              (
+                  {sel(produced)} offset {window} - {sel(saved)} offset {window}
+                or
+                  {zero}
+              )
+        """)
+
+    per_rank = kept_seconds(window)
+    started = on_any_rank(lambda sel: (
+        f"min_over_time({sel('colossalai_training_phase_start_timestamp_seconds')}[{window}])"),
+        t, n)
+    live = on_any_rank(lambda sel: sel("colossalai_training_phase", 'phase!="finished"'), t, n)
+    ratio = expr(f"""
+        clamp(
+            sum by (run) ({per_rank})
+          /
+            count by (run) (count by (run, rank) ({per_rank}))
+          /
+            clamp_max(
+              time() - min by (run) (
+{indent(started, 16)}
+              ),
+              {number(seconds)}
+            ),
+          0, 1
+        )
+        and on (run)
+          count by (run) (
+{indent(live, 12)}
+          )
+    """)
+    return Recording(per_rank, on_any_rank(kept, t, n)), Recording(goodput_ratio(window), ratio)
+
+
+def restart_loop(t: Selector, n: Selector, restarts: int, window: Duration) -> Alert:
+    """A run whose ranks keep restarting and no checkpoint comes of it.
+
+    A restart is a new start time of a rank's monitor (its process). Counted per
+    rank and the run's busiest rank taken: every rank restarts with its job.
+    """
+    start = "colossalai_training_start_timestamp_seconds"
+    last_success = "colossalai_checkpoint_last_success_timestamp_seconds"
+    restarted = on_any_rank(lambda sel: f"changes({sel(start)}[{window}])", t, n)
+    saved = on_any_rank(lambda sel: f"max_over_time({sel(last_success)}[{window}])", t, n)
+    rule = expr(f"""
+        max by (run) (
+{indent(restarted, 10)}
+        ) >= {restarts}
+        unless on (run)
+        (
+          max by (run) (
+{indent(saved, 12)}
+          ) > time() - {number(window.seconds)}
+        )
+    """)
+    run_info = ('max by (job, instance, rank) (colossalai_training_info{run=%q})')
+    last_error = (
+        '{{ with printf "max by (where, type, message) (colossalai_training_last_error_info '
+        '* on (job, instance, rank) group_left () ' + run_info.replace('"', '\\"') +
+        ')" $labels.run | query }}{{ with first . }} Last error (in {{ .Labels.where }}): '
+        "{{ .Labels.type }}: {{ .Labels.message }}{{ end }}{{ end }}")
+    return Alert(
+        "TrainingRestartLoop", rule, "critical",
+        "A training run keeps restarting without writing a checkpoint.",
+        fill('Run [[$run]] restarted {{ $value | printf "%.0f" }} times in the last '
+             "[[window]] and wrote no checkpoint meanwhile: each restart resumes from the "
+             "same checkpoint and loses the work since, so the run makes no progress."
+             "[[last_error]]", window=window, last_error=last_error))
+
+
 def _budget() -> str:
     return query("colossalai_training_step_timeout_seconds", RANK, "value | humanizeDuration")
 
@@ -343,6 +456,7 @@ def training(config: RulesConfig) -> RuleFile:
             "CheckpointStuck", "checkpointing",
             "A checkpoint save has run longer than its budget.",
             "a checkpoint save that does not finish", "critical"),
+        restart_loop(t, n, th.restart_loop_restarts, th.restart_loop_window),
         Alert(
             "CheckpointOverdue",
             # Before the first checkpoint the run's start (the rank server's process start)
@@ -514,7 +628,9 @@ def training(config: RulesConfig) -> RuleFile:
                  "[[window]] and none succeeded.", window=th.heartbeat_failing_after),
             _training_dash(), cause="sends_failing"),
     ))
-    return RuleFile("colossalai-training", (recording, alerts))
+    goodput_group = Group("colossalai-training.goodput", tuple(
+        rule for window in GOODPUT_WINDOWS for rule in goodput(t, n, window)))
+    return RuleFile("colossalai-training", (recording, goodput_group, alerts))
 
 
 def node(config: RulesConfig) -> RuleFile:
@@ -756,7 +872,8 @@ def alert_names() -> set[str]:
 
 ALERT_NAMES = (
     "TrainingStalled", "TrainingHangSuspect", "TrainingStartupStuck", "CheckpointStuck",
-    "CheckpointOverdue", "TrainingRankDown", "TrainingStraggler", "GeminiOutOfMemory",
+    "CheckpointOverdue", "TrainingRestartLoop", "TrainingRankDown", "TrainingStraggler",
+    "GeminiOutOfMemory",
     "CheckpointFailing", "KernelBuildFailed", "KernelsNotReady",
     "TrainingHeartbeatFailing", "GPUMemoryOOMRisk", "HostMemoryOOMRisk", "CheckpointDiskLow",
     "DiskPathBroken", "NCCLRendezvousDown", "GPUCollectorDown", "ChatServerDown",

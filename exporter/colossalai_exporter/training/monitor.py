@@ -259,6 +259,9 @@ class TrainingMonitor:
         self._step = Step(self)  # reused: no allocation per step
         self._publish_lock = threading.Lock()
         self._last_done: float | None = None  # perf_counter of the last step_done()
+        # The training phase's stall budget, as the publisher last computed it: a step's
+        # productive seconds stop there (one comparison on the hot path).
+        self._step_cap = float("inf")
         self._checkpoint_started: float | None = None
         self._reported: set[str] = set()
         self._wake = threading.Event()
@@ -402,6 +405,8 @@ class TrainingMonitor:
         state.recent[steps & _RING_MASK] = duration
         state.hist[bisect_left(STEP_BUCKETS, duration)] += 1
         state.duration_sum += duration
+        cap = self._step_cap
+        state.productive += duration if duration < cap else cap
         if samples:
             state.samples += samples
         if tokens:
@@ -510,6 +515,7 @@ class TrainingMonitor:
         self._checkpoint_path = path
         self.phase("checkpointing")
         started = _perf()
+        kept = state.productive  # the steps this checkpoint saves
         try:
             yield
         except BaseException as exc:
@@ -521,6 +527,7 @@ class TrainingMonitor:
             state.checkpoint_duration = _perf() - started
             state.checkpoint_last_step = state.steps if step is None else step
             state.checkpoint_last_success = _wall()
+            state.checkpointed = max(state.checkpointed, kept)
             self._heartbeats.checkpoint_done()
         finally:
             state.checkpointing = False
@@ -710,6 +717,8 @@ class TrainingMonitor:
     def snapshot(self) -> Snapshot:
         """The rank's current state, as snapshot files and /metrics carry it."""
         snap = self._state.snapshot(self.budgets)
+        if snap.phase == "training":
+            self._step_cap = snap.timeout
         self._sample_activity(snap)
         # The publisher counts a stall when it first sees it; a scrape may see it first.
         if snap.stalled and not self._was_stalled:

@@ -114,6 +114,11 @@ class Snapshot(msgspec.Struct, kw_only=True):
     #: found it waiting in a collective or backward
     activity_samples: int = 0
     waiting_samples: int = 0
+    #: goodput: seconds of completed steps, each up to its stall budget (a step that
+    #: overran is a stall past the budget), and the part of them the last successful
+    #: checkpoint holds (what a restart now would keep)
+    productive: float = 0.0
+    checkpointed: float = 0.0
 
     def __post_init__(self) -> None:
         if len(self.step_hist) != len(self.step_buckets) + 1:

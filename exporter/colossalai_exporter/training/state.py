@@ -90,13 +90,14 @@ class RankState:
     """Mutable per-rank state. Plain attributes only; see the module docstring."""
 
     __slots__ = ("activity_samples", "async_writers", "checkpoint_duration", "checkpoint_failures",
-                 "checkpoint_last_step", "checkpoint_last_success", "checkpointing",
+                 "checkpoint_last_step", "checkpoint_last_success", "checkpointed",
+                 "checkpointing",
                  "created", "d2h_bytes", "duration_sum", "error", "gemini_chunk_memory",
                  "h2d_bytes", "heartbeats", "hist", "info", "kernel_failures",
                  "kernels_ready", "last_error", "last_step", "local_rank", "loss",
                  "monitor_errors", "oom", "phase", "phase_start", "pid", "pid_ns",
-                 "pid_start", "rank", "recent", "samples", "stalls", "steps", "tokens",
-                 "waiting_samples", "world_size")
+                 "pid_start", "productive", "rank", "recent", "samples",
+                 "stalls", "steps", "tokens", "waiting_samples", "world_size")
 
     def __init__(self, rank: int, local_rank: int, world_size: int, pid: int,
                  pid_start: float | None, now: float | None = None,
@@ -124,6 +125,10 @@ class RankState:
         self.loss: float | None = None  # converted off the hot path from the step's loss
         self.hist = [0] * (len(STEP_BUCKETS) + 1)  # last bucket is +Inf
         self.duration_sum = 0.0
+        # Goodput (docs/rules.md): seconds of completed steps, each counted up to its
+        # stall budget, and how many of them the last successful checkpoint holds.
+        self.productive = 0.0
+        self.checkpointed = 0.0
         self.recent = [0.0] * RECENT_STEPS
         self.stalls = 0
         # the publisher's samples of the training thread while training, and how many
@@ -172,6 +177,7 @@ class RankState:
             samples=self.samples, tokens=self.tokens, loss=self.loss,
             step_buckets=list(STEP_BUCKETS), step_hist=list(self.hist),
             step_sum=self.duration_sum,
+            productive=self.productive, checkpointed=self.checkpointed,
             timeout=timeout, progress=progress, stalls=self.stalls,
             activity_samples=self.activity_samples, waiting_samples=self.waiting_samples,
             oom=dict(self.oom),
