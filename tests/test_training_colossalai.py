@@ -40,9 +40,9 @@ JOB = textwrap.dedent("""
     from colossalai_exporter import TrainingMonitor
 
     run_dir, port, ckpt_dir, stop_file = sys.argv[1:5]
-    colossalai.launch_from_torch(backend="gloo", verbose=False)
     monitor = TrainingMonitor(port=int(port), host="127.0.0.1", run_dir=run_dir,
                               publish_interval=0.2, step_timeout=60)
+    colossalai.launch_from_torch(backend="gloo", verbose=False)
     model = torch.nn.Linear(16, 1)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     criterion = torch.nn.MSELoss()

@@ -228,17 +228,19 @@ TRAINING: tuple[Metric, ...] = (
        component="training"),
     _m("colossalai_training_phase_start_timestamp_seconds", "gauge",
        "When the rank entered its current phase.", ("rank",), "seconds", "training"),
+    # These three carry the run as a label of their own: range queries over them (goodput,
+    # restarts over a day) must not mix two runs that used the same rank on one node.
     _m("colossalai_training_start_timestamp_seconds", "gauge",
        "When this rank's process started its monitor: a new value is a restart.",
-       ("rank",), "seconds", "training"),
+       ("rank", "run"), "seconds", "training"),
     _m("colossalai_training_productive_seconds_total", "counter",
        "Seconds of completed steps, each counted up to its stall budget (the rest of a "
        "step that overran is stall, not training): the numerator of goodput.",
-       ("rank",), "seconds", "training"),
+       ("rank", "run"), "seconds", "training"),
     _m("colossalai_training_checkpointed_seconds_total", "counter",
        "The productive seconds that the last successful checkpoint holds: what a restart "
        "now would keep. The difference to productive_seconds_total is lost on a restart.",
-       ("rank",), "seconds", "training"),
+       ("rank", "run"), "seconds", "training"),
     _m("colossalai_training_samples_total", "counter",
        "Samples processed, when the training loop reports them.", ("rank",),
        component="training"),

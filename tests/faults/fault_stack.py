@@ -121,7 +121,8 @@ class Job:
 
 
 def start_job(tmp: Path, fault: str, rank: int, checkpoint_dir: Path, master_port: int,
-              rank0_port: int, checkpoint_every: int, ranks: int = 2) -> Job:
+              rank0_port: int, checkpoint_every: int, ranks: int = 2,
+              restarts: int = 0) -> Job:
     run_dir = tmp / "run"
     log = tmp / "train.log"
     env = cli_env(FAULT=fault, FAULT_RANK=str(rank), CHECKPOINT_DIR=str(checkpoint_dir),
@@ -130,6 +131,7 @@ def start_job(tmp: Path, fault: str, rank: int, checkpoint_dir: Path, master_por
                   COLOSSALAI_EXPORTER_PORT=str(rank0_port), OMP_NUM_THREADS="1",
                   PYTHONUNBUFFERED="1")
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
+            "--max-restarts", str(restarts),
             "--master_addr", "127.0.0.1", "--master_port", str(master_port),
             str(TRAIN_SCRIPT)]
     with log.open("wb") as out:
@@ -203,10 +205,18 @@ class Stack:
 @contextlib.contextmanager
 def running_stack(tmp: Path, receiver: FakeVigilmon, fault: str, rank: int,
                   checkpoint_dir: Path, checkpoint_every: int = 50,
-                  ranks: int = 2) -> Iterator[Stack]:
+                  ranks: int = 2, restarts: int = 0,
+                  shipped_for: tuple[str, ...] = ()) -> Iterator[Stack]:
     """Receiver, Alertmanager, agent and Prometheus first, then the job: Prometheus sees
-    the job from its first second, as it would a job started under a running stack."""
-    rules = render_rules(tmp, RULES_OVERRIDE)
+    the job from its first second, as it would a job started under a running stack.
+
+    ``restarts``: torchrun's --max-restarts. ``shipped_for``: alerts that keep the
+    shipped `for` window instead of the short one (a crash loop's ranks are down
+    between restarts for less than TrainingRankDown's shipped minute)."""
+    override = yaml.safe_load(RULES_OVERRIDE)
+    for name in shipped_for:
+        del override["for"][name]
+    rules = render_rules(tmp, yaml.safe_dump(override))
     master_port, rank0_port, agent_port = free_port(), free_port(), free_port()
     with contextlib.ExitStack() as stop:
         alertmanager = stop.enter_context(running_alertmanager(
@@ -224,7 +234,7 @@ def running_stack(tmp: Path, receiver: FakeVigilmon, fault: str, rank: int,
             tmp / "prometheus-data", tmp / "prometheus.log", None,
             f"--rules.alert.resend-delay={INTERVAL:g}s"))
         job = start_job(tmp, fault, rank, checkpoint_dir, master_port, rank0_port,
-                        checkpoint_every, ranks)
+                        checkpoint_every, ranks, restarts)
         stop.callback(job.stop)
         yield Stack(tmp, prometheus, alertmanager, receiver, job, agent,
                     f"http://127.0.0.1:{rank0_port}", ranks)

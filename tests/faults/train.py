@@ -101,10 +101,16 @@ def slow_kernel_loader() -> Any:
 
 
 def main() -> int:
-    colossalai.launch_from_torch(backend="gloo", verbose=False)
+    # First, as docs/training.md shows: a start that dies in the rendezvous is seen too.
     monitor = TrainingMonitor(
         budgets=Budgets(step=5.0, checkpoint=5.0, kernels=5.0, startup=120.0),
         publish_interval=0.5)
+    if FAULT == "resume_fails" and monitor.rank == FAULT_RANK:
+        # Every start reads the data shard the last run got to, which is gone: the
+        # same exception at each of torchrun's restarts, a crash loop.
+        with open(CHECKPOINT_DIR / "data" / "shard-00017.bin", "rb") as shard:
+            shard.read()
+    colossalai.launch_from_torch(backend="gloo", verbose=False)
     rank = monitor.rank
     mine = rank == FAULT_RANK
     torch.manual_seed(0)

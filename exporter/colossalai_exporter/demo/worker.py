@@ -75,8 +75,8 @@ def torch_setup(backend: str, monitor_factory: Callable[[], TrainingMonitor]) ->
         from colossalai.booster import Booster
         from colossalai.booster.plugin import TorchDDPPlugin
 
+        monitor = monitor_factory()  # first, as docs/training.md shows
         colossalai.launch_from_torch(backend="gloo", verbose=False)
-        monitor = monitor_factory()
         booster = Booster(plugin=TorchDDPPlugin())
         # boost() watches the Booster: its save_model calls become checkpoints.
         model, optimizer, criterion, _, _ = monitor.boost(booster, model, optimizer, criterion)
@@ -90,8 +90,8 @@ def torch_setup(backend: str, monitor_factory: Callable[[], TrainingMonitor]) ->
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
-        dist.init_process_group("gloo")
         monitor = monitor_factory()
+        dist.init_process_group("gloo")
         model = DistributedDataParallel(model)
 
         def backward(loss: Any) -> None:

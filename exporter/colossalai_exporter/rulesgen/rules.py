@@ -258,45 +258,54 @@ def hang_suspects(t: Selector, n: Selector) -> tuple[Alert, Alert, Alert]:
     return outside, not_responding, nccl
 
 
+def one_view_per_rank(build: Callable[[Selector], str], t: Selector, n: Selector) -> str:
+    """``build``'s vector over series that carry ``run`` themselves, each rank of a run
+    from one view: the node agent's, else the rank server's (see :func:`on_any_rank`,
+    which joins ``run`` from the info instead: right for the present, wrong for a range
+    over a day in which two runs used the same rank of a node)."""
+    node = build(n)
+    return f"{node}\nor\n(\n{indent(build(t))}\n  unless on (run, rank)\n{indent(node)}\n)"
+
+
 def goodput(t: Selector, n: Selector, window: str) -> tuple[Recording, Recording]:
     """Goodput over ``window`` per run (docs/rules.md, "Goodput", defines it).
 
-    Kept seconds of each rank's series over the window: what its checkpoints saved
-    within it, plus what it has done since its last checkpoint if its process is
-    alive, less what it had done since its last checkpoint when the window began
-    (saved within the window, or lost). A restart resets both counters, which
-    increase() handles; the work a crash loses is in neither term. The run's
-    goodput is its ranks' mean kept seconds over the window, or over the run's
-    age where it is younger.
+    Kept seconds of each rank over the window: what its checkpoints saved within it,
+    plus what it has done since its last checkpoint if its process is alive, less
+    what it had done since its last checkpoint when the window began (saved within
+    the window, or lost). A restart resets both counters, which increase()
+    handles; the work a crash loses is in neither term. The run's goodput is its
+    ranks' mean kept seconds over the window, or over the run's age where it is
+    younger (its first start within the window).
     """
     seconds = Duration.parse(window).seconds
     produced = "colossalai_training_productive_seconds_total"
     saved = "colossalai_training_checkpointed_seconds_total"
+    start = "colossalai_training_start_timestamp_seconds"
 
     def kept(sel: Selector) -> str:
         increase = f"increase({sel(saved)}[{window}])"
         zero = f"0 * {increase}"  # a series without the term: 0, not no result
         return expr(f"""
-              {increase}
-            +
-              (
-                  {sel(produced)} - {sel(saved)}
-                  unless on (job, instance, rank) {sel("colossalai_rank_up")} == 0
-                or
-                  {zero}
-              )
-            -
-              (
-                  {sel(produced)} offset {window} - {sel(saved)} offset {window}
-                or
-                  {zero}
-              )
+            (
+                {increase}
+              +
+                (
+                    {sel(produced)} - {sel(saved)}
+                    unless on (job, instance, rank) {sel("colossalai_rank_up")} == 0
+                  or
+                    {zero}
+                )
+              -
+                (
+                    {sel(produced)} offset {window} - {sel(saved)} offset {window}
+                  or
+                    {zero}
+                )
+            )
         """)
 
     per_rank = kept_seconds(window)
-    started = on_any_rank(lambda sel: (
-        f"min_over_time({sel('colossalai_training_phase_start_timestamp_seconds')}[{window}])"),
-        t, n)
     live = on_any_rank(lambda sel: sel("colossalai_training_phase", 'phase!="finished"'), t, n)
     ratio = expr(f"""
         clamp(
@@ -305,9 +314,7 @@ def goodput(t: Selector, n: Selector, window: str) -> tuple[Recording, Recording
             count by (run) (count by (run, rank) ({per_rank}))
           /
             clamp_max(
-              time() - min by (run) (
-{indent(started, 16)}
-              ),
+              time() - min by (run) (min_over_time({t(start)}[{window}]) or min_over_time({n(start)}[{window}])),
               {number(seconds)}
             ),
           0, 1
@@ -316,23 +323,26 @@ def goodput(t: Selector, n: Selector, window: str) -> tuple[Recording, Recording
           count by (run) (
 {indent(live, 12)}
           )
-    """)
-    return Recording(per_rank, on_any_rank(kept, t, n)), Recording(goodput_ratio(window), ratio)
+    """)  # noqa: E501 - one selector a line reads better unbroken
+    return (Recording(per_rank, one_view_per_rank(kept, t, n)),
+            Recording(goodput_ratio(window), ratio))
 
 
 def restart_loop(t: Selector, n: Selector, restarts: int, window: Duration) -> Alert:
     """A run whose ranks keep restarting and no checkpoint comes of it.
 
-    A restart is a new start time of a rank's monitor (its process). Counted per
-    rank and the run's busiest rank taken: every rank restarts with its job.
+    A restart is a new start time of a rank's monitor (its process), counted on the
+    series of its run. The run's busiest rank is taken: every rank restarts with its
+    job, and a view that missed a start (a scrape between two) counts one fewer.
     """
     start = "colossalai_training_start_timestamp_seconds"
     last_success = "colossalai_checkpoint_last_success_timestamp_seconds"
-    restarted = on_any_rank(lambda sel: f"changes({sel(start)}[{window}])", t, n)
     saved = on_any_rank(lambda sel: f"max_over_time({sel(last_success)}[{window}])", t, n)
     rule = expr(f"""
         max by (run) (
-{indent(restarted, 10)}
+            changes({t(start)}[{window}])
+          or
+            changes({n(start)}[{window}])
         ) >= {restarts}
         unless on (run)
         (
@@ -341,11 +351,15 @@ def restart_loop(t: Selector, n: Selector, restarts: int, window: Duration) -> A
           ) > time() - {number(window.seconds)}
         )
     """)
-    run_info = ('max by (job, instance, rank) (colossalai_training_info{run=%q})')
+    # The run's earliest last error: the rank that failed first is the likeliest cause,
+    # the others die of it (a peer gone from a collective, torchrun's SIGTERM).
+    first_failed = ("bottomk(1, colossalai_training_last_error_timestamp_seconds "
+                    "* on (job, instance, rank) group_left () max by (job, instance, rank) "
+                    "(colossalai_training_info{run=%q}))")
     last_error = (
-        '{{ with printf "max by (where, type, message) (colossalai_training_last_error_info '
-        '* on (job, instance, rank) group_left () ' + run_info.replace('"', '\\"') +
-        ')" $labels.run | query }}{{ with first . }} Last error (in {{ .Labels.where }}): '
+        '{{ with printf "colossalai_training_last_error_info and on (job, instance, rank) '
+        + first_failed.replace('"', '\\"') + '" $labels.run | query }}{{ with first . }}'
+        " First failure (rank {{ .Labels.rank }}, in {{ .Labels.where }}): "
         "{{ .Labels.type }}: {{ .Labels.message }}{{ end }}{{ end }}")
     return Alert(
         "TrainingRestartLoop", rule, "critical",

@@ -110,9 +110,10 @@ class RankFamilies:
         # rule or panel needs, since every query selects the phase it asks about == 1.
         add("colossalai_training_phase", [rank, snap.phase], 1.0)
         add("colossalai_training_phase_start_timestamp_seconds", [rank], snap.phase_start)
-        add("colossalai_training_start_timestamp_seconds", [rank], snap.created)
-        add("colossalai_training_productive_seconds_total", [rank], snap.productive)
-        add("colossalai_training_checkpointed_seconds_total", [rank], snap.checkpointed)
+        run = values.get("run", "")
+        add("colossalai_training_start_timestamp_seconds", [rank, run], snap.created)
+        add("colossalai_training_productive_seconds_total", [rank, run], snap.productive)
+        add("colossalai_training_checkpointed_seconds_total", [rank, run], snap.checkpointed)
         add("colossalai_training_stalled", [rank], 1.0 if stalled else 0.0)
         add("colossalai_kernels_ready", [rank], 1.0 if snap.kernels_ready else 0.0)
         add("colossalai_kernel_build_failures_total", [rank], snap.kernel_failures)
