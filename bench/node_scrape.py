@@ -9,10 +9,14 @@ without a driver it fails fast with reason no_driver).
 
     python bench/node_scrape.py --scrapes 300
     python bench/node_scrape.py --scrapes 300 --ranks 8   # a node with 8 live ranks
+    python bench/node_scrape.py --scrapes 300 --ranks 8 --gpus 8   # and 8 GPUs (fake NVML)
 
 ``--ranks N`` starts N live training ranks first (a TrainingMonitor stepping every
 50 ms with a loss, a checkpoint written, the default one-second publish interval),
-whose run directory the agent reads: what a busy node's agent serves.
+whose run directory the agent reads: what a busy node's agent serves. ``--gpus N``
+gives the agent N GPUs through the fake NVML (node/gpu/fake_nvml.py: the same calls
+and answers as pynvml's, from a file), so its gpu collector and NVML worker do the
+work they do on a GPU node.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import argparse
 import compileall
 import gzip
 import http.client
+import json
 import os
 import shutil
 import socket
@@ -178,6 +183,8 @@ def main() -> int:
     parser.add_argument("--starts", type=int, default=5,
                         help="start each exporter this many times (alternating) for the "
                              "time to its first scrape; the median is reported")
+    parser.add_argument("--gpus", type=int, default=0,
+                        help="GPUs the agent sees through the fake NVML")
     parser.add_argument("--ranks", type=int, default=0,
                         help="live training ranks on this node, read by the agent")
     parser.add_argument("agent_args", nargs="*", help="extra flags for the agent")
@@ -192,6 +199,14 @@ def main() -> int:
     ckpt = tempfile.mkdtemp()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         filter(None, [str(REPO / "exporter"), os.environ.get("PYTHONPATH")])))
+    if args.gpus:
+        scenario = Path(tempfile.mkdtemp()) / "gpus.json"
+        scenario.write_text(json.dumps({"driver_version": "550.54.15", "gpus": [
+            {"name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{i:08d}-0000-0000-0000-000000000000",
+             "memory_total": 85899345920, "memory_used": 60 * 2**30, "utilization": 97,
+             "temperature": 61, "power_mw": 640000, "ecc": {"corrected": 0, "uncorrected": 0}}
+            for i in range(args.gpus)]}))
+        env["COLOSSALAI_EXPORTER_FAKE_NVML"] = str(scenario)
     run_dir = tempfile.mkdtemp()
     ranks = start_ranks(args.ranks, run_dir, env)
     ours_port, theirs_port = free_port(), free_port()
@@ -227,7 +242,7 @@ def main() -> int:
     first = {name: statistics.median(values) for name, values in starts.items()}
     print(f"{args.scrapes} scrapes each, alternating, keep-alive, loopback, "
           f"{os.cpu_count()} cores, Accept-Encoding: {args.accept_encoding}, "
-          f"{args.ranks} live ranks\n")
+          f"{args.ranks} live ranks, {args.gpus} GPUs (fake NVML)\n")
     print("| exporter | median scrape | p99 scrape | server CPU per scrape | peak RSS "
           "| first scrape after start (median) | series |")
     print("|---|---|---|---|---|---|---|")

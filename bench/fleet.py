@@ -1,0 +1,384 @@
+"""Fleet simulation (issue 19): the shipped rules and routing at 1,024 and 4,096 ranks.
+
+N nodes of 8 ranks each are served from this process on loopback, one path per
+node (file_sd targets with their own ``instance``), each answering what a node
+agent answers: its own series as a real agent served them for a node with 8
+GPUs (fake NVML) and 2 watched disks, captured once at start, and the outside
+view of its 8 ranks built by the agent's own code (``RankFamilies``, the ranks
+collector's four series) from synthetic snapshots that step, checkpoint and
+age like live ranks. Each job's rank 0 also serves its in-process view (job
+``colossalai-training``). A real Prometheus scrapes and evaluates the shipped
+rules every 15 s and sends to a real Alertmanager with the shipped routing,
+whose receivers are a counting webhook on loopback.
+
+After the settle time it reports the active series (per node, per rank), each
+rule group's evaluation time, and Prometheus' memory. With ``--incident`` it
+then stalls the whole of job 0 (every rank stops stepping, waiting in an
+all-reduce), and later kills one of its ranks, and counts the notifications each
+receiver gets, with what their text says.
+
+    python bench/fleet.py --ranks 1024
+    python bench/fleet.py --ranks 4096 --incident
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+import urllib.request
+from collections import Counter
+from contextlib import ExitStack
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "exporter")]
+
+import yaml  # noqa: E402
+
+from colossalai_exporter import catalogue  # noqa: E402
+from colossalai_exporter.training.activity import Activity  # noqa: E402
+from colossalai_exporter.training.families import RankFamilies, families  # noqa: E402
+from colossalai_exporter.training.snapshot import CheckpointState, Snapshot  # noqa: E402
+from colossalai_exporter.training.state import STEP_BUCKETS  # noqa: E402
+from colossalai_exporter.web.exposition import encode_text  # noqa: E402
+from conftest import free_port, wait_until  # noqa: E402
+from prometheus_helpers import (  # noqa: E402
+    launch_prometheus,
+    running_alertmanager,
+    shipped_alertmanager_config,
+)
+
+RANKS_PER_NODE = 8
+STEP_SECONDS = 2.0  # a large model's step
+CHECKPOINT_EVERY = 600.0
+
+
+class Fleet:
+    """The state of every simulated rank; builds each node's exposition on demand."""
+
+    def __init__(self, nodes: int, jobs: int, node_template: str) -> None:
+        self.nodes, self.jobs = nodes, jobs
+        self.t0 = time.time() - 3600  # the jobs have run for an hour already
+        self.template = node_template
+        self.stalled_at: dict[int, float] = {}  # job -> when it stopped stepping
+        self.dead: set[int] = set()  # global ranks whose process is gone
+        self.lock = threading.Lock()
+
+    def job_of(self, node: int) -> int:
+        return node * self.jobs // self.nodes
+
+    def world(self) -> int:
+        return self.nodes * RANKS_PER_NODE // self.jobs
+
+    def snapshot(self, rank: int, job: int, now: float) -> Snapshot:
+        stalled_at = self.stalled_at.get(job)
+        until = now if stalled_at is None else stalled_at
+        steps = int((until - self.t0) / STEP_SECONDS)
+        last_step = self.t0 + steps * STEP_SECONDS
+        checkpoints = int((until - self.t0) / CHECKPOINT_EVERY)
+        hist = [0] * (len(STEP_BUCKETS) + 1)
+        hist[STEP_BUCKETS.index(2.5)] = steps
+        return Snapshot(
+            rank=rank, local_rank=rank % RANKS_PER_NODE, world_size=self.world(),
+            pid=100000 + rank, created=self.t0, written=now, phase="training",
+            phase_start=self.t0, kernels_ready=True, steps=steps, last_step=last_step,
+            step_buckets=list(STEP_BUCKETS), step_hist=hist,
+            step_sum=steps * STEP_SECONDS, timeout=60.0, progress=last_step,
+            oom={"cuda": 0, "cpu": 0, "nvme": 0},
+            checkpoint=CheckpointState(
+                last_success=self.t0 + checkpoints * CHECKPOINT_EVERY,
+                last_step=int(checkpoints * CHECKPOINT_EVERY / STEP_SECONDS),
+                duration=30.0),
+            info={"run": f"fleet-job-{job}", "plugin": "GeminiPlugin", "world_size":
+                  str(self.world()), "colossalai_version": "0.5.0",
+                  "torch_version": "2.5.1", "dp_size": str(self.world())},
+            activity=Activity(kind="collective", collective="all_reduce",
+                              frame="gemini/chunk/manager.py:204 in reduce_chunk"),
+            publish_interval=1.0, activity_samples=int(until - self.t0),
+            waiting_samples=int((until - self.t0) * 0.3),
+            productive=steps * STEP_SECONDS,
+            checkpointed=checkpoints * CHECKPOINT_EVERY)
+
+    def node_text(self, node: int) -> bytes:
+        now = time.time()
+        job = self.job_of(node)
+        with self.lock:
+            dead = set(self.dead)
+        training = RankFamilies(outside=True)
+        up = catalogue.gauge("colossalai_rank_up")
+        age = catalogue.gauge("colossalai_rank_snapshot_age_seconds")
+        alive = catalogue.gauge("colossalai_rank_process_alive")
+        stopped = catalogue.gauge("colossalai_rank_process_stopped")
+        for local in range(RANKS_PER_NODE):
+            rank = node * RANKS_PER_NODE + local
+            snap = self.snapshot(rank, job, now)
+            is_alive = rank not in dead
+            label = [str(rank)]
+            up.add_metric(label, 1.0 if is_alive else 0.0)
+            age.add_metric(label, 0.4 if is_alive else now - self.t0)
+            alive.add_metric(label, 1.0 if is_alive else 0.0)
+            stopped.add_metric(label, 0.0)
+            training.add(snap, now)
+        ranks = encode_text([up, age, stopped, alive, *training.families()])
+        return self.template.encode() + ranks
+
+    def rank0_text(self, job: int) -> bytes:
+        node = job * self.nodes // self.jobs
+        return encode_text(families(self.snapshot(node * RANKS_PER_NODE, job, time.time())))
+
+
+def node_template(tmp: Path) -> str:
+    """A real agent's exposition for a node with 8 GPUs (fake NVML) and 2 disks, no ranks
+    (the simulated ranks' families replace the empty ones)."""
+    scenario = tmp / "gpus.json"
+    scenario.write_text(json.dumps({"driver_version": "550.54.15", "gpus": [
+        {"name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{i:08d}-0000-0000-0000-000000000000",
+         "memory_total": 85899345920, "memory_used": 60 * 2**30, "utilization": 97,
+         "temperature": 61, "power_mw": 640000, "ecc": {"corrected": 0, "uncorrected": 0}}
+        for i in range(8)]}))
+    port = free_port()
+    env = dict(os.environ, COLOSSALAI_EXPORTER_FAKE_NVML=str(scenario),
+               PYTHONPATH=str(REPO / "exporter"))
+    (tmp / "ckpt").mkdir()
+    agent = subprocess.Popen(
+        [sys.executable, "-m", "colossalai_exporter", "node", "--web.listen-address",
+         f"127.0.0.1:{port}", "--disk", f"checkpoints={tmp / 'ckpt'}", "--disk", "root=/",
+         "--ranks.run-dir", str(tmp / "no-ranks"), "--log.level", "warn"], env=env)
+    try:
+        def scrape() -> str:
+            request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                             headers={"Accept": "text/plain"})
+            with urllib.request.urlopen(request, timeout=2) as response:
+                text: str = response.read().decode()
+            return text if 'colossalai_gpu_memory_used_bytes{gpu="7"' in text else ""
+
+        text = wait_until(scrape, timeout=30, interval=0.2, what="the agent's GPU metrics")
+    finally:
+        agent.terminate()
+        agent.wait(10)
+    kept, skip = [], False
+    for line in text.splitlines():
+        name = line.split()[2] if line.startswith("#") else re.split(r"[{ ]", line)[0]
+        skip = name.startswith("colossalai_rank_")
+        if not skip:
+            kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
+class Notifications:
+    """Alertmanager's notifications, by receiver (the path's last part)."""
+
+    def __init__(self) -> None:
+        self.received: list[tuple[float, str, dict[str, Any]]] = []
+        self.lock = threading.Lock()
+
+    def by_receiver(self, since: float, alertname: str) -> Counter[str]:
+        with self.lock:
+            return Counter(r for at, r, body in self.received if at >= since and
+                           body.get("commonLabels", {}).get("alertname") == alertname)
+
+    def texts(self, since: float, alertname: str) -> list[str]:
+        with self.lock:
+            return [json.dumps(body)[:600] for at, r, body in self.received
+                    if at >= since and r == "slack-critical" and
+                    alertname in json.dumps(body)]
+
+
+def serve(fleet: Fleet, notes: Notifications) -> tuple[ThreadingHTTPServer, int]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            parts = self.path.strip("/").split("/")
+            if parts[0] == "node":
+                body = fleet.node_text(int(parts[1]))
+            elif parts[0] == "rank0":
+                body = fleet.rank0_text(int(parts[1]))
+            else:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Type", "text/plain; version=0.0.4")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length", "0"))
+            raw = self.rfile.read(length)
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = {}
+            if "attachments" in body:  # a Slack message: keep its text
+                body = {"commonLabels": {"alertname": body["attachments"][0]["title"]},
+                        "slack": body["attachments"][0]}
+            with notes.lock:
+                notes.received.append((time.time(), self.path.rsplit("/", 1)[-1], body))
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, server.server_address[1]
+
+
+def write_targets(tmp: Path, fleet: Fleet, port: int) -> None:
+    nodes = [{"targets": [f"127.0.0.1:{port}"],
+              "labels": {"__metrics_path__": f"/node/{i}", "instance": f"node-{i:04d}:9466"}}
+             for i in range(fleet.nodes)]
+    rank0 = [{"targets": [f"127.0.0.1:{port}"],
+              "labels": {"__metrics_path__": f"/rank0/{j}",
+                         "instance": f"node-{j * fleet.nodes // fleet.jobs:04d}:8766"}}
+             for j in range(fleet.jobs)]
+    (tmp / "nodes.json").write_text(json.dumps(nodes))
+    (tmp / "rank0.json").write_text(json.dumps(rank0))
+
+
+def prometheus_config(tmp: Path, alertmanager: str, interval: int) -> Path:
+    config = {
+        "global": {"scrape_interval": f"{interval}s", "evaluation_interval": f"{interval}s",
+                   "scrape_timeout": "10s"},
+        "rule_files": [str(p) for p in sorted((REPO / "rules").glob("*.rules.yml"))],
+        "alerting": {"alertmanagers": [{"static_configs": [
+            {"targets": [alertmanager.removeprefix("http://")]}]}]},
+        "scrape_configs": [
+            {"job_name": "colossalai-node",
+             "file_sd_configs": [{"files": [str(tmp / "nodes.json")]}]},
+            {"job_name": "colossalai-training",
+             "file_sd_configs": [{"files": [str(tmp / "rank0.json")]}]},
+        ],
+    }
+    path = tmp / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def query(url: str, expr: str) -> list[dict[str, Any]]:
+    with urllib.request.urlopen(f"{url}/api/v1/query?query={urllib.parse.quote(expr)}",
+                                timeout=30) as response:
+        result: list[dict[str, Any]] = json.load(response)["data"]["result"]
+    return result
+
+
+def scalar(url: str, expr: str) -> float:
+    result = query(url, expr)
+    return float(result[0]["value"][1]) if result else float("nan")
+
+
+def rss_mib(pid: int) -> tuple[float, float]:
+    fields = dict(line.split(":", 1) for line in
+                  Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return (int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024)
+
+
+def report_scale(url: str, fleet: Fleet, pid: int, interval: int) -> None:
+    ranks = fleet.nodes * RANKS_PER_NODE
+    head = scalar(url, "prometheus_tsdb_head_series")
+    node_series = scalar(url, 'count({job="colossalai-node"})')
+    rank_series = scalar(url, 'count({job="colossalai-node", rank!=""})')
+    rank0_series = scalar(url, 'count({job="colossalai-training"})')
+    rss, peak = rss_mib(pid)
+    print(f"\n## {ranks} ranks: {fleet.nodes} nodes x 8, {fleet.jobs} job(s), "
+          f"scrape and evaluation every {interval} s\n")
+    print(f"- head series: {head:.0f} (nodes' job {node_series:.0f}: "
+          f"{node_series / fleet.nodes:.1f} a node, of which "
+          f"{rank_series / ranks:.1f} a rank; rank servers' job {rank0_series:.0f})")
+    print(f"- Prometheus RSS now {rss:.0f} MiB, peak {peak:.0f} MiB")
+    print("\n| rule group | last evaluation | max over the last 2m | rules |")
+    print("|---|---|---|---|")
+    for row in sorted(query(url, "prometheus_rule_group_last_duration_seconds"),
+                      key=lambda r: r["metric"]["rule_group"]):
+        group = row["metric"]["rule_group"]
+        peak_s = scalar(url, "max_over_time(prometheus_rule_group_last_duration_seconds"
+                             f'{{rule_group="{group}"}}[2m])')
+        count = scalar(url, f'prometheus_rule_group_rules{{rule_group="{group}"}}')
+        print(f"| {group.split(';')[-1]} | {float(row['value'][1]) * 1e3:.0f} ms "
+              f"| {peak_s * 1e3:.0f} ms | {count:.0f} |")
+    missed = scalar(url, "sum(prometheus_rule_group_iterations_missed_total)")
+    print(f"\nmissed rule group iterations: {missed:.0f}")
+
+
+def incident(url: str, fleet: Fleet, notes: Notifications, settle: float) -> None:
+    world = fleet.world()
+    since = time.time()
+    with fleet.lock:
+        fleet.stalled_at[0] = since
+    print(f"\n## Incident 1: the whole of job 0 ({world} ranks) stops stepping\n")
+    wait_until(lambda: notes.by_receiver(since, "TrainingStalled"), timeout=600,
+               interval=1, what="TrainingStalled notified")
+    first = time.time()
+    time.sleep(settle)  # an observation window: what arrives in it is what is counted
+    counts = notes.by_receiver(since, "TrainingStalled")
+    print(f"- first notification {first - since:.0f} s after the stall; in the "
+          f"{settle:.0f} s after it, per receiver: {dict(counts)}")
+    firing = {r["metric"]["alertname"]: r["value"][1] for r in
+              query(url, 'count by (alertname) (ALERTS{alertstate="firing"})')}
+    print(f"- alerts firing in Prometheus (name: series): {firing}")
+    for text in notes.texts(since, "TrainingStalled")[:1]:
+        print(f"- Slack text: {text}")
+    since = time.time()
+    with fleet.lock:
+        fleet.dead.add(3)
+    print("\n## Incident 2: then rank 3 of job 0 dies\n")
+    wait_until(lambda: notes.by_receiver(since, "TrainingRankDown"), timeout=600,
+               interval=1, what="TrainingRankDown notified")
+    first = time.time()
+    time.sleep(settle)
+    counts = notes.by_receiver(since, "TrainingRankDown")
+    print(f"- first notification {first - since:.0f} s after the death; in the "
+          f"{settle:.0f} s after it, per receiver: {dict(counts)}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, default=1024)
+    parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--interval", type=int, default=15)
+    parser.add_argument("--settle", type=float, default=240.0,
+                        help="seconds of scrapes and evaluations before measuring")
+    parser.add_argument("--incident", action="store_true")
+    parser.add_argument("--observe", type=float, default=120.0,
+                        help="seconds each incident's notifications are counted for, "
+                             "from its first")
+    args = parser.parse_args()
+    nodes = args.ranks // RANKS_PER_NODE
+    with ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        fleet = Fleet(nodes, args.jobs, node_template(tmp))
+        notes = Notifications()
+        server, port = serve(fleet, notes)
+        stack.callback(server.shutdown)
+        write_targets(tmp, fleet, port)
+        am_config = shipped_alertmanager_config(
+            tmp, lambda name: f"http://127.0.0.1:{port}/bridge/{name}",
+            lambda name: f"http://127.0.0.1:{port}/slack/{name}", "fleet", lambda c: None)
+        alertmanager = stack.enter_context(running_alertmanager(am_config, tmp))
+        prometheus = stack.enter_context(launch_prometheus(
+            prometheus_config(tmp, alertmanager, args.interval), tmp / "data",
+            tmp / "prometheus.log"))
+        start = time.time()
+        wait_until(lambda: time.time() - start >= args.settle, timeout=args.settle + 60,
+                   interval=5, what="the settle time")
+        report_scale(prometheus.url, fleet, prometheus.proc.pid, args.interval)
+        if args.incident:
+            incident(prometheus.url, fleet, notes, settle=args.observe)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
