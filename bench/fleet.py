@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -44,6 +45,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(REPO / "tests"), str(REPO / "exporter")]
 
 import yaml  # noqa: E402
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from colossalai_exporter import catalogue  # noqa: E402
 from colossalai_exporter.training.activity import Activity  # noqa: E402
@@ -147,13 +149,15 @@ def node_template(tmp: Path) -> str:
          "temperature": 61, "power_mw": 640000, "ecc": {"corrected": 0, "uncorrected": 0}}
         for i in range(8)]}))
     port = free_port()
+    rendezvous = socket.create_server(("127.0.0.1", 0))  # a reachable rendezvous store
     env = dict(os.environ, COLOSSALAI_EXPORTER_FAKE_NVML=str(scenario),
                PYTHONPATH=str(REPO / "exporter"))
     (tmp / "ckpt").mkdir()
     agent = subprocess.Popen(
         [sys.executable, "-m", "colossalai_exporter", "node", "--web.listen-address",
          f"127.0.0.1:{port}", "--disk", f"checkpoints={tmp / 'ckpt'}", "--disk", "root=/",
-         "--ranks.run-dir", str(tmp / "no-ranks"), "--log.level", "warn"], env=env)
+         "--ranks.run-dir", str(tmp / "no-ranks"), "--log.level", "warn",
+         "--rendezvous.target", f"127.0.0.1:{rendezvous.getsockname()[1]}"], env=env)
     try:
         def scrape() -> str:
             request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
@@ -166,6 +170,7 @@ def node_template(tmp: Path) -> str:
     finally:
         agent.terminate()
         agent.wait(10)
+        rendezvous.close()
     kept, skip = [], False
     for line in text.splitlines():
         name = line.split()[2] if line.startswith("#") else re.split(r"[{ ]", line)[0]
@@ -218,8 +223,10 @@ def serve(fleet: Fleet, notes: Notifications) -> tuple[ThreadingHTTPServer, int]
                 body = json.loads(raw)
             except ValueError:
                 body = {}
-            if "attachments" in body:  # a Slack message: keep its text
-                body = {"commonLabels": {"alertname": body["attachments"][0]["title"]},
+            if "attachments" in body:  # a Slack message: its title names the alert
+                title = body["attachments"][0]["title"]
+                name = re.search(r": (\w+)", title)
+                body = {"commonLabels": {"alertname": name.group(1) if name else title},
                         "slack": body["attachments"][0]}
             with notes.lock:
                 notes.received.append((time.time(), self.path.rsplit("/", 1)[-1], body))
@@ -252,7 +259,7 @@ def write_targets(tmp: Path, fleet: Fleet, port: int) -> None:
 def prometheus_config(tmp: Path, alertmanager: str, interval: int) -> Path:
     config = {
         "global": {"scrape_interval": f"{interval}s", "evaluation_interval": f"{interval}s",
-                   "scrape_timeout": "10s"},
+                   "scrape_timeout": f"{min(interval, 10)}s"},
         "rule_files": [str(p) for p in sorted((REPO / "rules").glob("*.rules.yml"))],
         "alerting": {"alertmanagers": [{"static_configs": [
             {"targets": [alertmanager.removeprefix("http://")]}]}]},
@@ -286,31 +293,63 @@ def rss_mib(pid: int) -> tuple[float, float]:
     return (int(fields["VmRSS"].split()[0]) / 1024, int(fields["VmHWM"].split()[0]) / 1024)
 
 
-def report_scale(url: str, fleet: Fleet, pid: int, interval: int) -> None:
+class SelfMetrics:
+    """Prometheus' own /metrics, read every evaluation (it does not scrape itself here):
+    head series, each rule group's last evaluation time (the largest seen is kept)."""
+
+    def __init__(self, url: str, interval: int) -> None:
+        self.url, self.interval = url, interval
+        self.longest: dict[str, float] = {}
+        self.last: dict[str, float] = {}
+        self.values: dict[str, float] = {}
+        self.stop = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.interval):
+            try:
+                with urllib.request.urlopen(self.url + "/metrics", timeout=10) as response:
+                    text = response.read().decode()
+            except OSError:
+                continue
+            for family in text_string_to_metric_families(text):
+                for sample in family.samples:
+                    if sample.name == "prometheus_rule_group_last_duration_seconds":
+                        group = sample.labels["rule_group"].split(";")[-1]
+                        self.last[group] = sample.value
+                        self.longest[group] = max(self.longest.get(group, 0.0), sample.value)
+                    elif sample.name in ("prometheus_tsdb_head_series",
+                                         "prometheus_rule_group_iterations_missed_total",
+                                         "prometheus_rule_evaluation_failures_total"):
+                        key = sample.name + json.dumps(sample.labels, sort_keys=True)
+                        self.values[key] = sample.value
+
+    def total(self, name: str) -> float:
+        return sum(v for k, v in self.values.items() if k.startswith(name + "{"))
+
+
+def report_scale(url: str, fleet: Fleet, pid: int, interval: int, own: SelfMetrics) -> None:
     ranks = fleet.nodes * RANKS_PER_NODE
-    head = scalar(url, "prometheus_tsdb_head_series")
+    head = own.total("prometheus_tsdb_head_series")
     node_series = scalar(url, 'count({job="colossalai-node"})')
-    rank_series = scalar(url, 'count({job="colossalai-node", rank!=""})')
+    rank_series = scalar(url, 'count({job="colossalai-node", rank!="", __name__!~".*:.*"})')
+    recorded = scalar(url, 'count({__name__=~".*:.*"})')
     rank0_series = scalar(url, 'count({job="colossalai-training"})')
     rss, peak = rss_mib(pid)
     print(f"\n## {ranks} ranks: {fleet.nodes} nodes x 8, {fleet.jobs} job(s), "
           f"scrape and evaluation every {interval} s\n")
     print(f"- head series: {head:.0f} (nodes' job {node_series:.0f}: "
           f"{node_series / fleet.nodes:.1f} a node, of which "
-          f"{rank_series / ranks:.1f} a rank; rank servers' job {rank0_series:.0f})")
+          f"{rank_series / ranks:.1f} a rank; rank servers' job {rank0_series:.0f}; "
+          f"recorded by the rules {recorded:.0f})")
     print(f"- Prometheus RSS now {rss:.0f} MiB, peak {peak:.0f} MiB")
-    print("\n| rule group | last evaluation | max over the last 2m | rules |")
-    print("|---|---|---|---|")
-    for row in sorted(query(url, "prometheus_rule_group_last_duration_seconds"),
-                      key=lambda r: r["metric"]["rule_group"]):
-        group = row["metric"]["rule_group"]
-        peak_s = scalar(url, "max_over_time(prometheus_rule_group_last_duration_seconds"
-                             f'{{rule_group="{group}"}}[2m])')
-        count = scalar(url, f'prometheus_rule_group_rules{{rule_group="{group}"}}')
-        print(f"| {group.split(';')[-1]} | {float(row['value'][1]) * 1e3:.0f} ms "
-              f"| {peak_s * 1e3:.0f} ms | {count:.0f} |")
-    missed = scalar(url, "sum(prometheus_rule_group_iterations_missed_total)")
-    print(f"\nmissed rule group iterations: {missed:.0f}")
+    print("\n| rule group | last evaluation | longest seen |")
+    print("|---|---|---|")
+    for group in sorted(own.last):
+        print(f"| {group} | {own.last[group] * 1e3:.0f} ms | {own.longest[group] * 1e3:.0f} ms |")
+    print(f"\nmissed rule group iterations: "
+          f"{own.total('prometheus_rule_group_iterations_missed_total'):.0f}; "
+          f"failed rule evaluations: {own.total('prometheus_rule_evaluation_failures_total'):.0f}")
 
 
 def incident(url: str, fleet: Fleet, notes: Notifications, settle: float) -> None:
@@ -371,10 +410,12 @@ def main() -> int:
         prometheus = stack.enter_context(launch_prometheus(
             prometheus_config(tmp, alertmanager, args.interval), tmp / "data",
             tmp / "prometheus.log"))
+        own = SelfMetrics(prometheus.url, args.interval)
+        stack.callback(own.stop.set)
         start = time.time()
         wait_until(lambda: time.time() - start >= args.settle, timeout=args.settle + 60,
                    interval=5, what="the settle time")
-        report_scale(prometheus.url, fleet, prometheus.proc.pid, args.interval)
+        report_scale(prometheus.url, fleet, prometheus.proc.pid, args.interval, own)
         if args.incident:
             incident(prometheus.url, fleet, notes, settle=args.observe)
     return 0

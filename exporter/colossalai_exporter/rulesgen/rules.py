@@ -140,6 +140,17 @@ def _last_error() -> str:
                       "{{ .Labels.message }}")
 
 
+def _ranks_of_run(condition: str, what: str) -> str:
+    """" 4096 rank(s) of this run are stalled." for an alert with a ``run`` label: how
+    many ranks of its run (either view, each rank once) meet ``condition``, so a page
+    for one rank of a 4,096-rank job says how far the trouble reaches."""
+    promql = (f"count(count by (rank) ({condition} and on (job, instance, rank) "
+              f"colossalai_training_info{{run=%q}}))").replace('"', '\\"')
+    return ('{{ with $labels.run }}{{ with printf "' + promql + '" . | query }}'
+            '{{ with first . }} {{ .Value | printf "%.0f" }} ' + what +
+            "{{ end }}{{ end }}{{ end }}")
+
+
 def _since_died() -> str:
     return with_first("colossalai_rank_up", RANK, " The rank's process has since died.",
                       extra=" == 0")
@@ -458,8 +469,10 @@ def training(config: RulesConfig) -> RuleFile:
             """), t),
             "critical", "A training rank has made no step for longer than its step budget.",
             fill("Rank [[$rank]] of job [[$job]] ([[$instance]]) has made no training step "
-                 "for {{ $value | humanizeDuration }} (step budget [[budget]]).",
-                 budget=_budget()),
+                 "for {{ $value | humanizeDuration }} (step budget [[budget]]).[[reach]]",
+                 budget=_budget(),
+                 reach=_ranks_of_run("colossalai_training_stalled == 1",
+                                     "rank(s) of this run are stalled.")),
             _training_dash()),
         *hang_suspects(t, n),
         phase_over_budget(
@@ -507,9 +520,10 @@ def training(config: RulesConfig) -> RuleFile:
             """), n),
             "critical", "A training rank's process is gone or has stopped publishing its state.",
             fill("Rank [[$rank]][[of_run]] on [[$instance]] is down: its process is gone "
-                 "or frozen (state snapshot [[age]] old).[[last_error]]",
+                 "or frozen (state snapshot [[age]] old).[[reach]][[last_error]]",
                  age=query("colossalai_rank_snapshot_age_seconds", RANK,
                            "value | humanizeDuration"),
+                 reach=_ranks_of_run("colossalai_rank_up == 0", "rank(s) of this run are down."),
                  last_error=_last_error()),
             _nodes_dash(), cause="process"),
         Alert(
