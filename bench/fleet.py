@@ -282,6 +282,11 @@ def query(url: str, expr: str) -> list[dict[str, Any]]:
     return result
 
 
+def query_api(url: str, path: str) -> Any:
+    with urllib.request.urlopen(url + path, timeout=30) as response:
+        return json.load(response)["data"]
+
+
 def scalar(url: str, expr: str) -> float:
     result = query(url, expr)
     return float(result[0]["value"][1]) if result else float("nan")
@@ -347,6 +352,10 @@ def report_scale(url: str, fleet: Fleet, pid: int, interval: int, own: SelfMetri
     print("|---|---|---|")
     for group in sorted(own.last):
         print(f"| {group} | {own.last[group] * 1e3:.0f} ms | {own.longest[group] * 1e3:.0f} ms |")
+    rules = [r for g in query_api(url, "/api/v1/rules")["groups"] for r in g["rules"]]
+    rules.sort(key=lambda r: -float(r.get("evaluationTime", 0)))
+    print("\nslowest rules: " + "; ".join(
+        f"{r['name']} {float(r['evaluationTime']) * 1e3:.0f} ms" for r in rules[:6]))
     print(f"\nmissed rule group iterations: "
           f"{own.total('prometheus_rule_group_iterations_missed_total'):.0f}; "
           f"failed rule evaluations: {own.total('prometheus_rule_evaluation_failures_total'):.0f}")

@@ -50,7 +50,9 @@ scrape_configs:
             description = stalled["annotations"]["description"]
             assert description.startswith(f"Rank 0 of job colossalai-training ({target}) has "
                                           "made no training step for "), description
-            assert description.endswith("(step budget 3s)."), description
+            # the demo's two ranks, both stopped (one hangs, the other waits for it)
+            assert description.endswith("(step budget 3s). 2 rank(s) of this run are "
+                                        "stalled."), description
 
             # The node agent's view of both ranks reaches Prometheus under its own job.
             node = prometheus.query('colossalai_training_stalled{job="colossalai-node"} == 1')

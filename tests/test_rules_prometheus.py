@@ -83,7 +83,9 @@ scrape_configs:
         wait_until(lambda: all(r.get("lastEvaluation", "").startswith("2")
                                and not r["lastEvaluation"].startswith("0001")
                                for g in prometheus.api("/api/v1/rules")["groups"]
-                               for r in g["rules"]), timeout=10, what="every rule evaluated")
+                               for r in g["rules"]), timeout=90, interval=0.5,
+                   # the goodput group is evaluated once a minute (its own interval)
+                   what="every rule evaluated")
         for group in prometheus.api("/api/v1/rules")["groups"]:
             for rule in group["rules"]:
                 assert rule["health"] == "ok", (rule["name"], rule.get("lastError"))

@@ -51,6 +51,8 @@ class Group:
 
     name: str
     rules: tuple[Alert | Recording, ...]
+    # Evaluation interval of the group when not Prometheus' global one.
+    interval: str | None = None
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,11 @@ def rule_dict(config: RulesConfig, rule: Alert | Recording) -> dict[str, Any]:
 
 
 def group_dict(config: RulesConfig, group: Group) -> dict[str, Any]:
-    return {"name": group.name, "rules": [rule_dict(config, r) for r in group.rules]}
+    out: dict[str, Any] = {"name": group.name}
+    if group.interval is not None:
+        out["interval"] = group.interval
+    out["rules"] = [rule_dict(config, r) for r in group.rules]
+    return out
 
 
 def rule_file_text(config: RulesConfig, rule_file: RuleFile) -> str:
