@@ -52,11 +52,9 @@ STEP_RATE_RATIO = "job_rank:colossalai_training_steps:rate5m_ratio_to_median"
 STEP_MEAN = "job_rank:colossalai_training_step_duration_seconds:mean5m"
 WAIT_SHARE = "run_rank:colossalai_training_waiting:ratio5m"
 WAIT_SHARE_MEDIAN = "run:colossalai_training_waiting:median_ratio5m"
-GOODPUT_WINDOWS = ("1h", "24h")
-# The day's kept seconds: the last 24 hourly windows' sum (their pending terms cancel
-# out, so it is the day's kept seconds exactly, lagging up to an hour), which reads 24
-# recorded points a rank instead of a day of raw samples (bench/RESULTS.md, fleet).
-GOODPUT_HOURS = 24
+# Goodput's windows and how often each is evaluated: a day's window reads a day of
+# samples of two counters a rank, so it is evaluated every 5 minutes, not every 15 s.
+GOODPUT_WINDOWS = {"1h": "1m", "24h": "5m"}
 
 
 def goodput_ratio(window: str) -> str:
@@ -321,10 +319,6 @@ def goodput(t: Selector, n: Selector, window: str) -> tuple[Recording, Recording
         """)
 
     per_rank = kept_seconds(window)
-    if window == "24h":
-        kept_expr = f"sum_over_time({kept_seconds('1h')}[{GOODPUT_HOURS}h:1h])"
-    else:
-        kept_expr = one_view_per_rank(kept, t, n)
     live = on_any_rank(lambda sel: sel("colossalai_training_phase", 'phase!="finished"'), t, n)
     ratio = expr(f"""
         clamp(
@@ -343,7 +337,8 @@ def goodput(t: Selector, n: Selector, window: str) -> tuple[Recording, Recording
 {indent(live, 12)}
           )
     """)  # noqa: E501 - one selector a line reads better unbroken
-    return Recording(per_rank, kept_expr), Recording(goodput_ratio(window), ratio)
+    return (Recording(per_rank, one_view_per_rank(kept, t, n)),
+            Recording(goodput_ratio(window), ratio))
 
 
 def restart_loop(t: Selector, n: Selector, restarts: int, window: Duration) -> Alert:
@@ -663,11 +658,12 @@ def training(config: RulesConfig) -> RuleFile:
                  "[[window]] and none succeeded.", window=th.heartbeat_failing_after),
             _training_dash(), cause="sends_failing"),
     ))
-    # Once a minute: goodput needs no 15 s resolution, and at 4,096 ranks the group costs
+    # Goodput needs no 15 s resolution, and at 4,096 ranks the 1 h group alone costs
     # 1.5-2 s an evaluation (bench/RESULTS.md, "Fleet").
-    goodput_group = Group("colossalai-training.goodput", tuple(
-        rule for window in GOODPUT_WINDOWS for rule in goodput(t, n, window)), interval="1m")
-    return RuleFile("colossalai-training", (recording, goodput_group, alerts))
+    goodput_groups = tuple(
+        Group(f"colossalai-training.goodput-{window}", goodput(t, n, window), interval=every)
+        for window, every in GOODPUT_WINDOWS.items())
+    return RuleFile("colossalai-training", (recording, *goodput_groups, alerts))
 
 
 def node(config: RulesConfig) -> RuleFile:
