@@ -36,6 +36,7 @@ import time
 import urllib.parse
 import urllib.request
 from collections import Counter
+from collections.abc import Iterator
 from contextlib import ExitStack
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -54,6 +55,8 @@ from colossalai_exporter.training.snapshot import CheckpointState, Snapshot  # n
 from colossalai_exporter.training.state import STEP_BUCKETS  # noqa: E402
 from colossalai_exporter.web.exposition import encode_text  # noqa: E402
 from conftest import free_port, wait_until  # noqa: E402
+from fake_vigilmon import FakeVigilmon, fake_vigilmon  # noqa: E402
+from gpu_helpers import gpu  # noqa: E402
 from prometheus_helpers import (  # noqa: E402
     launch_prometheus,
     running_alertmanager,
@@ -144,9 +147,7 @@ def node_template(tmp: Path) -> str:
     (the simulated ranks' families replace the empty ones)."""
     scenario = tmp / "gpus.json"
     scenario.write_text(json.dumps({"driver_version": "550.54.15", "gpus": [
-        {"name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{i:08d}-0000-0000-0000-000000000000",
-         "memory_total": 85899345920, "memory_used": 60 * 2**30, "utilization": 97,
-         "temperature": 61, "power_mw": 640000, "ecc": {"corrected": 0, "uncorrected": 0}}
+        gpu(i, memory_used=60 * 2**30, utilization=97, temperature=61, power_mw=640_000)
         for i in range(8)]}))
     port = free_port()
     rendezvous = socket.create_server(("127.0.0.1", 0))  # a reachable rendezvous store
@@ -181,25 +182,35 @@ def node_template(tmp: Path) -> str:
 
 
 class Notifications:
-    """Alertmanager's notifications, by receiver (the path's last part)."""
+    """Alertmanager's notifications, by receiver: the fault suite's recording receiver
+    (tests/fake_vigilmon.py), each receiver at ``/bridge/<name>`` or ``/slack/<name>``."""
 
-    def __init__(self) -> None:
-        self.received: list[tuple[float, str, dict[str, Any]]] = []
-        self.lock = threading.Lock()
+    def __init__(self, receiver: FakeVigilmon) -> None:
+        self.receiver = receiver
+
+    def _received(self, since: float) -> Iterator[tuple[str, str, dict[str, Any]]]:
+        """(receiver, alert name, body) of each notification since ``since``."""
+        for note in self.receiver.received("/"):
+            if note.at < since:
+                continue
+            body = json.loads(note.body)
+            if "attachments" in body:  # a Slack message: its title names the alert
+                found = re.search(r": (\w+)", body["attachments"][0]["title"])
+                name = found.group(1) if found else ""
+            else:
+                name = body.get("commonLabels", {}).get("alertname", "")
+            yield note.path.rsplit("/", 1)[-1], name, body
 
     def by_receiver(self, since: float, alertname: str) -> Counter[str]:
-        with self.lock:
-            return Counter(r for at, r, body in self.received if at >= since and
-                           body.get("commonLabels", {}).get("alertname") == alertname)
+        return Counter(r for r, name, _ in self._received(since) if name == alertname)
 
     def texts(self, since: float, alertname: str) -> list[str]:
-        with self.lock:
-            return [json.dumps(body)[:600] for at, r, body in self.received
-                    if at >= since and r == "slack-critical" and
-                    alertname in json.dumps(body)]
+        return [json.dumps(body)[:600] for r, name, body in self._received(since)
+                if r == "slack-critical" and name == alertname]
 
 
-def serve(fleet: Fleet, notes: Notifications) -> tuple[ThreadingHTTPServer, int]:
+def serve(fleet: Fleet) -> tuple[ThreadingHTTPServer, int]:
+    """The simulated agents' and rank servers' expositions, one path each."""
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             parts = self.path.strip("/").split("/")
@@ -215,25 +226,6 @@ def serve(fleet: Fleet, notes: Notifications) -> tuple[ThreadingHTTPServer, int]
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
-
-        def do_POST(self) -> None:
-            length = int(self.headers.get("Content-Length", "0"))
-            raw = self.rfile.read(length)
-            try:
-                body = json.loads(raw)
-            except ValueError:
-                body = {}
-            if "attachments" in body:  # a Slack message: its title names the alert
-                title = body["attachments"][0]["title"]
-                name = re.search(r": (\w+)", title)
-                body = {"commonLabels": {"alertname": name.group(1) if name else title},
-                        "slack": body["attachments"][0]}
-            with notes.lock:
-                notes.received.append((time.time(), self.path.rsplit("/", 1)[-1], body))
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
 
         def log_message(self, *args: Any) -> None:
             pass
@@ -408,13 +400,14 @@ def main() -> int:
     with ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
         fleet = Fleet(nodes, args.jobs, node_template(tmp))
-        notes = Notifications()
-        server, port = serve(fleet, notes)
+        receiver = stack.enter_context(fake_vigilmon())
+        notes = Notifications(receiver)
+        server, port = serve(fleet)
         stack.callback(server.shutdown)
         write_targets(tmp, fleet, port)
         am_config = shipped_alertmanager_config(
-            tmp, lambda name: f"http://127.0.0.1:{port}/bridge/{name}",
-            lambda name: f"http://127.0.0.1:{port}/slack/{name}", "fleet", lambda c: None)
+            tmp, lambda name: f"{receiver.url}/bridge/{name}",
+            lambda name: f"{receiver.url}/slack/{name}", "fleet", lambda c: None)
         alertmanager = stack.enter_context(running_alertmanager(am_config, tmp))
         prometheus = stack.enter_context(launch_prometheus(
             prometheus_config(tmp, alertmanager, args.interval), tmp / "data",

@@ -132,6 +132,18 @@ def start_ranks(count: int, run_dir: str, env: dict[str, str]) -> list[subproces
     return procs
 
 
+def fake_gpus(count: int) -> Path:
+    """A fake NVML scenario of ``count`` busy H100s (node/gpu/fake_nvml.py)."""
+    sys.path.insert(0, str(REPO / "tests"))  # the gpu tests' fake GPU, loaded as here
+    from gpu_helpers import gpu
+
+    scenario = Path(tempfile.mkdtemp()) / "gpus.json"
+    scenario.write_text(json.dumps({"driver_version": "550.54.15", "gpus": [
+        gpu(i, memory_used=60 * 2**30, utilization=97, temperature=61, power_mw=640_000)
+        for i in range(count)]}))
+    return scenario
+
+
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -200,13 +212,7 @@ def main() -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         filter(None, [str(REPO / "exporter"), os.environ.get("PYTHONPATH")])))
     if args.gpus:
-        scenario = Path(tempfile.mkdtemp()) / "gpus.json"
-        scenario.write_text(json.dumps({"driver_version": "550.54.15", "gpus": [
-            {"name": "NVIDIA H100 80GB HBM3", "uuid": f"GPU-{i:08d}-0000-0000-0000-000000000000",
-             "memory_total": 85899345920, "memory_used": 60 * 2**30, "utilization": 97,
-             "temperature": 61, "power_mw": 640000, "ecc": {"corrected": 0, "uncorrected": 0}}
-            for i in range(args.gpus)]}))
-        env["COLOSSALAI_EXPORTER_FAKE_NVML"] = str(scenario)
+        env["COLOSSALAI_EXPORTER_FAKE_NVML"] = str(fake_gpus(args.gpus))
     run_dir = tempfile.mkdtemp()
     ranks = start_ranks(args.ranks, run_dir, env)
     ours_port, theirs_port = free_port(), free_port()

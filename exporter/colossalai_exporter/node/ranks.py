@@ -47,7 +47,6 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import psutil
 from prometheus_client.core import Metric as MetricFamily
@@ -65,9 +64,6 @@ from colossalai_exporter.training.snapshot import (
     pid_namespace,
     read_snapshot,
 )
-
-if TYPE_CHECKING:
-    pass
 
 log = logging.getLogger("colossalai_exporter.node")
 

@@ -25,17 +25,6 @@ from colossalai_exporter.training.state import HEARTBEAT_RESULTS, judge
 INFO_LABELS = ("colossalai_version", "torch_version", "plugin", "placement_policy",
                "tp_size", "pp_size", "dp_size", "world_size", "run")
 MONITOR_ERROR_PLACES = ("publish", "loss", "heartbeat", "server", "stacks", "hook")
-# Served by the in-process server only: dashboards read them, no rule does, and the node
-# agent's view of every rank stays within 25 series a rank (docs/metrics.md marks them).
-INSIDE_ONLY = frozenset({
-    "colossalai_training_step_duration_seconds", "colossalai_training_samples_total",
-    "colossalai_training_tokens_total", "colossalai_training_stalls_total",
-    "colossalai_training_loss", "colossalai_checkpoint_duration_seconds",
-    "colossalai_checkpoint_in_flight", "colossalai_gemini_chunk_memory_bytes",
-    "colossalai_gemini_h2d_bytes_total", "colossalai_gemini_d2h_bytes_total",
-})
-
-
 _INF = float("inf")
 _OUTSIDE = (
     "colossalai_training_info", "colossalai_training_steps_total",
@@ -63,6 +52,9 @@ _INSIDE = (
 )
 _GEMINI = ("colossalai_gemini_chunk_memory_bytes", "colossalai_gemini_h2d_bytes_total",
            "colossalai_gemini_d2h_bytes_total")
+# Served by the in-process server only: dashboards read them, no rule does, and the node
+# agent's view of every rank stays within 25 series a rank (docs/metrics.md marks them).
+INSIDE_ONLY = frozenset((*_INSIDE, *_GEMINI))
 
 
 class RankFamilies:
