@@ -56,7 +56,7 @@ from colossalai_exporter.training.state import STEP_BUCKETS  # noqa: E402
 from colossalai_exporter.web.exposition import encode_text  # noqa: E402
 from conftest import free_port, wait_until  # noqa: E402
 from fake_vigilmon import FakeVigilmon, fake_vigilmon  # noqa: E402
-from gpu_helpers import gpu  # noqa: E402
+from gpu_helpers import fake_nvml_env, gpu  # noqa: E402
 from prometheus_helpers import (  # noqa: E402
     launch_prometheus,
     running_alertmanager,
@@ -151,8 +151,7 @@ def node_template(tmp: Path) -> str:
         for i in range(8)]}))
     port = free_port()
     rendezvous = socket.create_server(("127.0.0.1", 0))  # a reachable rendezvous store
-    env = dict(os.environ, COLOSSALAI_EXPORTER_FAKE_NVML=str(scenario),
-               PYTHONPATH=str(REPO / "exporter"))
+    env = fake_nvml_env(scenario, dict(os.environ, PYTHONPATH=str(REPO / "exporter")))
     (tmp / "ckpt").mkdir()
     agent = subprocess.Popen(
         [sys.executable, "-m", "colossalai_exporter", "node", "--web.listen-address",

@@ -9,12 +9,12 @@ without a driver it fails fast with reason no_driver).
 
     python bench/node_scrape.py --scrapes 300
     python bench/node_scrape.py --scrapes 300 --ranks 8   # a node with 8 live ranks
-    python bench/node_scrape.py --scrapes 300 --ranks 8 --gpus 8   # and 8 GPUs (fake NVML)
+    python bench/node_scrape.py --scrapes 300 --ranks 8 --gpus 8   # and 8 fake GPUs
 
 ``--ranks N`` starts N live training ranks first (a TrainingMonitor stepping every
 50 ms with a loss, a checkpoint written, the default one-second publish interval),
 whose run directory the agent reads: what a busy node's agent serves. ``--gpus N``
-gives the agent N GPUs through the fake NVML (node/gpu/fake_nvml.py: the same calls
+gives the agent N GPUs through the tests' fake NVML (tests/fake_nvml/pynvml.py: the same calls
 and answers as pynvml's, from a file), so its gpu collector and NVML worker do the
 work they do on a GPU node.
 """
@@ -132,16 +132,17 @@ def start_ranks(count: int, run_dir: str, env: dict[str, str]) -> list[subproces
     return procs
 
 
-def fake_gpus(count: int) -> Path:
-    """A fake NVML scenario of ``count`` busy H100s (node/gpu/fake_nvml.py)."""
+def with_fake_gpus(count: int, env: dict[str, str]) -> dict[str, str]:
+    """``env`` with the tests' fake NVML (tests/fake_nvml/pynvml.py) serving ``count``
+    busy H100s."""
     sys.path.insert(0, str(REPO / "tests"))  # the gpu tests' fake GPU, loaded as here
-    from gpu_helpers import gpu
+    from gpu_helpers import fake_nvml_env, gpu
 
     scenario = Path(tempfile.mkdtemp()) / "gpus.json"
     scenario.write_text(json.dumps({"driver_version": "550.54.15", "gpus": [
         gpu(i, memory_used=60 * 2**30, utilization=97, temperature=61, power_mw=640_000)
         for i in range(count)]}))
-    return scenario
+    return fake_nvml_env(scenario, env)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -212,7 +213,7 @@ def main() -> int:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         filter(None, [str(REPO / "exporter"), os.environ.get("PYTHONPATH")])))
     if args.gpus:
-        env["COLOSSALAI_EXPORTER_FAKE_NVML"] = str(fake_gpus(args.gpus))
+        env = with_fake_gpus(args.gpus, env)
     run_dir = tempfile.mkdtemp()
     ranks = start_ranks(args.ranks, run_dir, env)
     ours_port, theirs_port = free_port(), free_port()
@@ -248,7 +249,7 @@ def main() -> int:
     first = {name: statistics.median(values) for name, values in starts.items()}
     print(f"{args.scrapes} scrapes each, alternating, keep-alive, loopback, "
           f"{os.cpu_count()} cores, Accept-Encoding: {args.accept_encoding}, "
-          f"{args.ranks} live ranks, {args.gpus} GPUs (fake NVML)\n")
+          f"{args.ranks} live ranks, {args.gpus} GPUs (the tests' fake NVML)\n")
     print("| exporter | median scrape | p99 scrape | server CPU per scrape | peak RSS "
           "| first scrape after start (median) | series |")
     print("|---|---|---|---|---|---|---|")

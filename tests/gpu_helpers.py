@@ -1,17 +1,60 @@
-"""Helpers for the gpu collector tests: fake NVML scenarios and reading families."""
+"""Helpers for the gpu collector tests: fake NVML scenarios and reading families.
+
+The fake NVML (tests/fake_nvml/pynvml.py) is a module named ``pynvml``: a
+process whose ``PYTHONPATH`` starts with its folder imports it instead of
+nvidia-ml-py. The agent's NVML worker inherits the agent's environment, so
+:func:`fake_nvml_env` (for an agent started as a subprocess) and
+:func:`use_fake_nvml` (for a collector built in the test's own process) are
+all a test needs; the product has no switch for it.
+"""
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import Metric
 
 from colossalai_exporter.web.exposition import CollectedFamilies
+
+#: the folder holding the fake ``pynvml``
+FAKE_NVML_DIR = Path(__file__).resolve().parent / "fake_nvml"
+#: names the scenario file the fake reads (tests/fake_nvml/pynvml.py)
+SCENARIO_ENV = "FAKE_NVML_SCENARIO"
+
+
+def _with_fake_first(python_path: str) -> str:
+    return os.pathsep.join(part for part in (str(FAKE_NVML_DIR), python_path) if part)
+
+
+def fake_nvml_env(scenario: Path | str, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) with the fake NVML reading
+    ``scenario`` for every NVML worker started under it."""
+    env = dict(os.environ if base is None else base)
+    env["PYTHONPATH"] = _with_fake_first(env.get("PYTHONPATH", ""))
+    env[SCENARIO_ENV] = str(scenario)
+    return env
+
+
+def use_fake_nvml(monkeypatch: pytest.MonkeyPatch, scenario: Path | str) -> None:
+    """Workers started by this process from now on (until the test ends) read the fake."""
+    monkeypatch.setenv("PYTHONPATH", _with_fake_first(os.environ.get("PYTHONPATH", "")))
+    monkeypatch.setenv(SCENARIO_ENV, str(scenario))
+
+
+def without_fake_nvml(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with the fake removed, so a worker started under it imports the real pynvml."""
+    clean = dict(env)
+    clean.pop(SCENARIO_ENV, None)
+    parts = [p for p in clean.get("PYTHONPATH", "").split(os.pathsep)
+             if p and Path(p).resolve() != FAKE_NVML_DIR]
+    clean["PYTHONPATH"] = os.pathsep.join(parts)
+    return clean
 
 
 def gpu(index: int, **overrides: Any) -> dict[str, Any]:

@@ -26,7 +26,7 @@ from colossalai_exporter.node.host import HostCollector
 from colossalai_exporter.node.ranks import RanksCollector
 from colossalai_exporter.node.rendezvous import Endpoint, RendezvousCollector
 from conftest import loop_gaps, syn_dropping_port
-from gpu_helpers import Scenario, gpu
+from gpu_helpers import Scenario, gpu, use_fake_nvml
 
 # The longest a healthy event loop goes without running the ticker, on a loaded
 # 2-core CI machine; any hang tested here lasts far longer than this.
@@ -69,13 +69,14 @@ def listener() -> Iterator[int]:
         yield int(sock.getsockname()[1])
 
 
-def test_a_healthy_scrape_runs_on_the_loop_without_a_thread(tmp_path: Path, listener: int,
-                                                            ) -> None:
+def test_a_healthy_scrape_runs_on_the_loop_without_a_thread(
+        tmp_path: Path, listener: int, monkeypatch: pytest.MonkeyPatch) -> None:
     scenario = Scenario(tmp_path / "nvml.json").write(gpus=[gpu(0), gpu(1)])
+    use_fake_nvml(monkeypatch, scenario.path)
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     fs_calls = BlockingCalls("t-fs")
-    agent = Agent([GpuCollector(timeout=5, fake_scenario=str(scenario.path)), HostCollector(),
+    agent = Agent([GpuCollector(timeout=5), HostCollector(),
                    disk.DiskCollector([disk.WatchedPath("ckpt", str(tmp_path)),
                                        disk.WatchedPath("root", "/")], calls=fs_calls),
                    RendezvousCollector([Endpoint("127.0.0.1", listener)]),
@@ -122,9 +123,11 @@ def test_a_hung_mount_is_finished_in_a_thread_and_never_blocks_the_loop(
     assert agent.states["host"].up
 
 
-def test_a_hung_nvml_call_times_out_without_blocking_the_loop(tmp_path: Path) -> None:
+def test_a_hung_nvml_call_times_out_without_blocking_the_loop(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     scenario = Scenario(tmp_path / "nvml.json").write(gpus=[gpu(0)])
-    collector = GpuCollector(timeout=0.5, fake_scenario=str(scenario.path))
+    use_fake_nvml(monkeypatch, scenario.path)
+    collector = GpuCollector(timeout=0.5)
     agent = Agent([collector, HostCollector()])
     try:
         list(agent.collect())
@@ -173,11 +176,13 @@ def test_a_refused_and_an_accepted_connect_finish_on_the_loop(listener: int) -> 
     assert calls == []  # the name was resolved in the collector's pool, not a scrape thread
 
 
-def test_a_scrape_thread_and_the_loop_share_one_nvml_answer(tmp_path: Path) -> None:
+def test_a_scrape_thread_and_the_loop_share_one_nvml_answer(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A synchronous scrape (the first /health, the start-up report) holding the worker's
     pipe does not make the loop's scrape wait for its own round trip."""
     scenario = Scenario(tmp_path / "nvml.json").write(gpus=[gpu(0)])
-    collector = GpuCollector(timeout=5, fake_scenario=str(scenario.path))
+    use_fake_nvml(monkeypatch, scenario.path)
+    collector = GpuCollector(timeout=5)
     agent = Agent([collector])
     try:
         list(agent.collect())

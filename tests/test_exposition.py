@@ -45,7 +45,7 @@ from colossalai_exporter.web.exposition import (
     encode_openmetrics,
     encode_text,
 )
-from gpu_helpers import Scenario, gpu
+from gpu_helpers import Scenario, gpu, use_fake_nvml
 
 # What Prometheus 2.42 (the Debian package the tests run) sends when it scrapes.
 PROMETHEUS_ACCEPT = ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
@@ -155,7 +155,7 @@ def test_what_only_the_library_writes_goes_to_the_library_collected_once() -> No
     assert CountingCollector.calls == 1  # a collect runs collectors: never twice per scrape
 
 
-def test_the_node_agents_families(tmp_path: Path) -> None:
+def test_the_node_agents_families(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from prometheus_client import CollectorRegistry, ProcessCollector
 
     from colossalai_exporter.node.agent import Agent
@@ -167,10 +167,11 @@ def test_the_node_agents_families(tmp_path: Path) -> None:
     scenario = Scenario(tmp_path / "nvml.json").write(
         driver_version="550.54.15", gpus=[gpu(0), gpu(1)],
         xid=[{"id": 1, "gpu": 1, "code": 79}])
+    use_fake_nvml(monkeypatch, scenario.path)
     with socket.socket() as closed:  # a port nothing listens on: nccl_up 0, reason refused
         closed.bind(("127.0.0.1", 0))
         dead_port = closed.getsockname()[1]
-    agent = Agent([GpuCollector(fake_scenario=str(scenario.path)), HostCollector(),
+    agent = Agent([GpuCollector(), HostCollector(),
                    DiskCollector([WatchedPath("checkpoints", str(tmp_path)),
                                   WatchedPath("nvme_offload", str(tmp_path / "missing"))]),
                    RendezvousCollector([Endpoint("127.0.0.1", dead_port)], timeout=1.0)])

@@ -23,8 +23,16 @@ from colossalai_exporter import catalogue
 from colossalai_exporter.node.base import CollectorError
 from colossalai_exporter.node.gpu import GpuCollector
 from colossalai_exporter.node.gpu.protocol import REASONS
-from conftest import cli_env, require_binary, wait_until
-from gpu_helpers import Scenario, exposition, gpu, registry_of, series
+from conftest import SOURCE_ROOT, cli_env, require_binary, wait_until
+from gpu_helpers import (
+    Scenario,
+    exposition,
+    fake_nvml_env,
+    gpu,
+    registry_of,
+    series,
+    use_fake_nvml,
+)
 
 MARGIN = 0.4  # scheduling slack on a busy 2-core machine
 
@@ -37,11 +45,11 @@ def scenario(tmp_path: Path) -> Scenario:
 
 
 @pytest.fixture
-def make(scenario: Scenario) -> Iterator[Make]:
+def make(scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> Iterator[Make]:
     made: list[GpuCollector] = []
+    use_fake_nvml(monkeypatch, scenario.path)
 
     def make(**kwargs: Any) -> GpuCollector:
-        kwargs.setdefault("fake_scenario", str(scenario.path))
         kwargs.setdefault("timeout", 1.0)
         collector = GpuCollector(**kwargs)
         made.append(collector)
@@ -397,14 +405,26 @@ def test_close_stops_the_worker(make: Make) -> None:
     assert failure(collector).reason == "nvml_error"
 
 
-def test_the_fake_is_picked_from_the_environment(scenario: Scenario,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("COLOSSALAI_EXPORTER_FAKE_NVML", str(scenario.path))
+def test_the_worker_imports_pynvml_from_its_environment(scenario: Scenario,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # The product has no switch for the fake: the worker imports "pynvml", and the
+    # fake is found first only because the test put its folder on PYTHONPATH.
+    use_fake_nvml(monkeypatch, scenario.path)
     collector = GpuCollector(timeout=1.0)
     try:
         assert collect(collector).get_sample_value("colossalai_gpu_devices") == 2
     finally:
         collector.close()
+
+
+def test_no_environment_variable_of_the_product_selects_a_fake() -> None:
+    # Issue 18: a deployed agent must never serve invented GPUs. The package holds no
+    # fake NVML and reads no environment variable that names one.
+    package = SOURCE_ROOT / "colossalai_exporter"
+    assert not list(package.rglob("fake_nvml*.py"))
+    for source in package.rglob("*.py"):
+        text = source.read_text(encoding="utf-8")
+        assert "FAKE_NVML" not in text and "fake_nvml" not in text, source
 
 
 def test_bad_arguments_are_refused() -> None:
@@ -425,7 +445,7 @@ def test_a_hung_worker_exits_when_its_agent_dies(scenario: Scenario, tmp_path: P
     program = (
         "import os, sys, time\n"
         "from colossalai_exporter.node.gpu import GpuCollector\n"
-        "c = GpuCollector(timeout=0.2, fake_scenario=sys.argv[1])\n"
+        "c = GpuCollector(timeout=0.2)\n"
         "try:\n"
         "    c.collect(time.monotonic() + 0.2)\n"
         "except Exception as exc:\n"
@@ -433,8 +453,9 @@ def test_a_hung_worker_exits_when_its_agent_dies(scenario: Scenario, tmp_path: P
         "print(c._worker.pid, flush=True)\n"
         "os._exit(0)\n")
     with out.open("w") as stdout, err.open("w") as stderr:
-        result = subprocess.run([sys.executable, "-c", program, str(scenario.path)],
-                                stdout=stdout, stderr=stderr, timeout=10, env=cli_env(),
+        result = subprocess.run([sys.executable, "-c", program],
+                                stdout=stdout, stderr=stderr, timeout=10,
+                                env=fake_nvml_env(scenario.path, cli_env()),
                                 check=False)
     assert result.returncode == 0, err.read_text()
     reason, pid = out.read_text().split()
@@ -455,8 +476,9 @@ def test_a_worker_whose_agent_died_before_it_started_exits(scenario: Scenario) -
     with ours, theirs:
         orphan = subprocess.Popen(
             [sys.executable, "-c", worker._BOOT, worker._SOURCE_ROOT, str(theirs.fileno()),
-             dead.stdout.strip(), str(scenario.path)],
-            stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),), env=cli_env())
+             dead.stdout.strip()],
+            stdin=subprocess.DEVNULL, pass_fds=(theirs.fileno(),),
+            env=fake_nvml_env(scenario.path, cli_env()))
         try:
             assert orphan.wait(timeout=10) == 1
         finally:

@@ -16,7 +16,7 @@ from colossalai_exporter import catalogue
 from colossalai_exporter.node.base import CollectorError
 from colossalai_exporter.node.gpu import GpuCollector
 from conftest import cli_env, http_get, require_binary, wait_until
-from gpu_helpers import registry_of
+from gpu_helpers import registry_of, without_fake_nvml
 from test_node_agent import scrape, value
 
 
@@ -43,11 +43,9 @@ def _nvml_works() -> bool:
         pynvml.nvmlShutdown()
 
 
-def test_without_a_driver_the_real_pynvml_reports_no_driver(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_a_driver_the_real_pynvml_reports_no_driver() -> None:
     if _nvml_library_loads():
         pytest.skip("libnvidia-ml is installed here: this test is for machines without one")
-    monkeypatch.delenv("COLOSSALAI_EXPORTER_FAKE_NVML", raising=False)
     collector = GpuCollector(timeout=2.0)
     try:
         start = time.monotonic()
@@ -62,11 +60,10 @@ def test_without_a_driver_the_real_pynvml_reports_no_driver(
 
 
 @pytest.mark.gpu
-def test_real_gpus_through_real_nvml(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_real_gpus_through_real_nvml() -> None:
     # A hardware test: skipped wherever no working NVIDIA GPU is present, CI included.
     if not _nvml_works():
         pytest.skip("no NVIDIA GPU with a working driver on this machine")
-    monkeypatch.delenv("COLOSSALAI_EXPORTER_FAKE_NVML", raising=False)
     collector = GpuCollector(timeout=10.0)
     try:
         reg = registry_of(collector.collect(time.monotonic() + 30.0))
@@ -106,9 +103,7 @@ def _need_real_gpus() -> int:
 
 
 def _real_nvml_env() -> dict[str, str]:
-    env = cli_env()
-    env.pop("COLOSSALAI_EXPORTER_FAKE_NVML", None)
-    return env
+    return without_fake_nvml(cli_env())
 
 
 @pytest.mark.gpu

@@ -361,7 +361,7 @@ def test_sigterm_stops_cleanly(server_process) -> None:
 
 def test_series_budget_with_8_fake_gpus_and_2_disks(server_process, tmp_path: Path) -> None:
     """With 8 GPUs and 2 disks the agent's own exposition stays under 200 series."""
-    from gpu_helpers import Scenario, gpu
+    from gpu_helpers import Scenario, fake_nvml_env, gpu
 
     scenario = Scenario(tmp_path / "nvml.json").write(gpus=[gpu(i) for i in range(8)])
     disk_a, disk_b = tmp_path / "a", tmp_path / "b"
@@ -369,7 +369,7 @@ def test_series_budget_with_8_fake_gpus_and_2_disks(server_process, tmp_path: Pa
     disk_b.mkdir()
     agent = server_process("node", "--disk", f"checkpoints={disk_a}", "--disk", f"nvme={disk_b}",
                            "--rendezvous.target", "127.0.0.1:1",
-                           env=cli_env(COLOSSALAI_EXPORTER_FAKE_NVML=str(scenario.path)))
+                           env=fake_nvml_env(scenario.path, cli_env()))
 
     def gpus_up() -> str | None:
         text = scrape(agent.url)

@@ -63,7 +63,7 @@ from conftest import (
     wait_until,
 )
 from fake_vigilmon import FakeVigilmon, Recorded, fake_vigilmon
-from gpu_helpers import Scenario, gpu
+from gpu_helpers import Scenario, fake_nvml_env, gpu
 from prometheus_helpers import (
     Prometheus,
     launch_prometheus,
@@ -287,7 +287,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
              "--rendezvous.target", f"127.0.0.1:{master_port}",
              "--rendezvous.target", f"127.0.0.1:{stop.enter_context(refused_port())}"],
             agent_port,
-            cli_env(COLOSSALAI_EXPORTER_FAKE_NVML=str(nvml.path)))
+            fake_nvml_env(nvml.path, cli_env()))
         stop.callback(agent.close)
         prober_port = free_port()
         prober = ServerProcess(["probe", "--web.listen-address", f"127.0.0.1:{prober_port}"],

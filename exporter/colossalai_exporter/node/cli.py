@@ -9,7 +9,6 @@ the worker's own interpreter boots on another core meanwhile instead of after.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import TYPE_CHECKING
 
@@ -30,10 +29,9 @@ def start_gpu_worker(config: NodeConfig) -> Worker | None:
     """The NVML worker, started before the heavy imports; None with the gpu collector off."""
     if not config.collectors["gpu"]:
         return None
-    from colossalai_exporter.node.gpu.protocol import FAKE_NVML_ENV
     from colossalai_exporter.node.gpu.worker import Worker
 
-    return Worker(os.environ.get(FAKE_NVML_ENV) or None)
+    return Worker()
 
 
 def build_agent(config: NodeConfig, gpu_worker: Worker | None = None) -> Agent:

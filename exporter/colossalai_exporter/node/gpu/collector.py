@@ -21,7 +21,6 @@ Example::
 from __future__ import annotations
 
 import contextlib
-import os
 import select
 import subprocess
 import threading
@@ -33,7 +32,6 @@ from prometheus_client.core import Metric as MetricFamily
 from colossalai_exporter import catalogue
 from colossalai_exporter.node.base import READY, CollectorError, LoopWaker
 from colossalai_exporter.node.gpu.protocol import (
-    FAKE_NVML_ENV,
     MISSING_GPUS,
     NO_DRIVER,
     NVML_ERROR,
@@ -135,9 +133,6 @@ class GpuCollector:
     :param expected: GPUs this node must have (``--gpu.expected``); fewer
         visible is a failure with reason ``missing_gpus`` that still carries
         the visible GPUs' series. ``None``: at least one GPU is expected.
-    :param fake_scenario: path of a :mod:`.fake_nvml` scenario (tests only);
-        by default taken from ``$COLOSSALAI_EXPORTER_FAKE_NVML``; unset means
-        the real ``pynvml``.
     :param init_timeout: how long a *starting* worker may take to initialise
         NVML before it is treated as stuck (``nvmlInit`` can take seconds per
         GPU without persistence mode). Scrapes meanwhile fail with ``timeout``
@@ -158,7 +153,7 @@ class GpuCollector:
     reasons: tuple[str, ...] = REASONS
 
     def __init__(self, timeout: float = 5.0, expected: int | None = None,
-                 fake_scenario: str | None = None, init_timeout: float = 30.0,
+                 init_timeout: float = 30.0,
                  max_stuck_workers: int = 3, worker: Worker | None = None,
                  no_driver_recheck: float = 10.0) -> None:
         """``worker``: one already started (the agent starts it before it imports the
@@ -178,8 +173,6 @@ class GpuCollector:
         self._answered: tuple[Worker, int, Reading] | None = None
         # Scrapes on an event loop waiting for an answer (see _Request.watch).
         self._on_answer: set[LoopWaker] = set()
-        self.fake_scenario = (fake_scenario if fake_scenario is not None
-                              else os.environ.get(FAKE_NVML_ENV) or None)
         self._lock = threading.Lock()
         self._worker: Worker | None = None
         self._stuck: list[Worker] = []
@@ -287,7 +280,7 @@ class GpuCollector:
         self._stuck = [w for w in self._stuck if not w.reaped()]
         if self._closed or len(self._stuck) >= self.max_stuck_workers:
             return None
-        self._worker = Worker(self.fake_scenario)
+        self._worker = Worker()
         return self._worker
 
     def _sample(self, end: float, begun: int | None) -> Reading:

@@ -8,10 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: Environment variable naming a JSON scenario file: when set, the worker uses
-#: :mod:`.fake_nvml` instead of the real ``pynvml``. For tests only.
-FAKE_NVML_ENV = "COLOSSALAI_EXPORTER_FAKE_NVML"
-
 TIMEOUT = "timeout"
 NO_DRIVER = "no_driver"
 GPU_LOST = "gpu_lost"

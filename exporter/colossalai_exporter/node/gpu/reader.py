@@ -1,4 +1,4 @@
-"""Read GPUs through an NVML module (``pynvml`` or :mod:`.fake_nvml`); runs in the worker.
+"""Read GPUs through an NVML module with pynvml's API; runs in the worker.
 
 :class:`NvmlReader` keeps NVML initialised between samples (``nvmlInit`` can
 take seconds per GPU when persistence mode is off), caches what does not change

@@ -40,24 +40,14 @@ from colossalai_exporter.node.gpu.protocol import Failure, Reading
 _ORPHAN_CHECK_SECONDS = 1.0
 
 
-def worker_main(conn: Connection, agent_pid: int, fake_scenario: str | None) -> None:
+def worker_main(conn: Connection, agent_pid: int) -> None:
     """Entry point of the worker process: initialise NVML, then answer requests."""
     _exit_when_orphaned(agent_pid)
-    nvml: Any
-    if fake_scenario:
-        from colossalai_exporter.node.gpu.protocol import FAKE_NVML_ENV
+    import pynvml
 
-        os.environ[FAKE_NVML_ENV] = fake_scenario
-        from colossalai_exporter.node.gpu import fake_nvml
-
-        nvml = fake_nvml
-    else:
-        import pynvml
-
-        nvml = pynvml
     from colossalai_exporter.node.gpu.reader import NvmlReader
 
-    reader = NvmlReader(nvml)
+    reader = NvmlReader(pynvml)
     # Initialise before the first request arrives: nvmlInit can take seconds
     # without persistence mode, and the agent should not pay it in a scrape.
     try:
@@ -121,11 +111,9 @@ _BOOT = ("import sys; sys.path[0] = sys.argv[1]; "
 class Worker:
     """Agent-side handle of one worker process (started at construction, not awaited)."""
 
-    def __init__(self, fake_scenario: str | None) -> None:
+    def __init__(self) -> None:
         ours, theirs = socket.socketpair()
         args = [sys.executable, "-c", _BOOT, _SOURCE_ROOT, str(theirs.fileno()), str(os.getpid())]
-        if fake_scenario:
-            args.append(fake_scenario)
         self.started = time.monotonic()
         try:
             self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL,
@@ -189,7 +177,7 @@ class Worker:
 
 
 def main(argv: list[str]) -> int:
-    """Worker command line: ``FD AGENT_PID [FAKE_SCENARIO]`` (FD: our end of the socketpair)."""
+    """Worker command line: ``FD AGENT_PID`` (FD: our end of the socketpair)."""
     conn = Connection(int(argv[0]))
-    worker_main(conn, int(argv[1]), argv[2] if len(argv) > 2 else None)
+    worker_main(conn, int(argv[1]))
     return 0

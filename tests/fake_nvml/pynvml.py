@@ -1,11 +1,14 @@
-"""A fake ``pynvml`` for machines without a GPU. Test-only.
+"""A fake ``pynvml`` for machines without a GPU: the tests' stand-in for NVML.
 
-Selected by ``COLOSSALAI_EXPORTER_FAKE_NVML=/path/to/scenario.json`` (read by
-:class:`~colossalai_exporter.node.gpu.collector.GpuCollector`, which hands it
-to its worker process). It offers the subset of pynvml's API that
-:mod:`.reader` calls, under the same names, and raises pynvml's own
-``NVMLError`` subclasses with the real ``NVML_ERROR_*`` values, so code under
-test cannot tell it from the real binding by the errors it sees.
+It is not part of the product and no switch in the product selects it. A test
+puts this folder first on the NVML worker's ``PYTHONPATH`` and names a scenario
+file in ``$FAKE_NVML_SCENARIO`` (tests/gpu_helpers.py: ``fake_nvml_env``), so
+the worker's ``import pynvml`` finds this module instead of nvidia-ml-py. It
+offers the subset of pynvml's API that the agent's reader
+(colossalai_exporter/node/gpu/reader.py) calls, under the same names, and
+raises the real binding's own ``NVMLError`` subclasses with the real
+``NVML_ERROR_*`` values, so code under test cannot tell it from the real
+binding by the errors it sees.
 
 The scenario file is checked at every call and re-read when it changed, so a
 test can change the hardware live (write a new file and rename it over the old
@@ -57,33 +60,57 @@ What each knob mimics on real hardware:
 
 from __future__ import annotations
 
+import importlib.machinery
+import importlib.util
 import json
 import os
+import sys
 import time
 from dataclasses import dataclass, field
+from types import ModuleType
 from typing import Any
 
-# The real binding's constants and exception classes: importing pynvml does not
-# load libnvidia-ml, so this works on machines without a driver.
-from pynvml import (
-    NVML_AGGREGATE_ECC,
-    NVML_ERROR_DRIVER_NOT_LOADED,
-    NVML_ERROR_FUNCTION_NOT_FOUND,
-    NVML_ERROR_GPU_IS_LOST,
-    NVML_ERROR_INVALID_ARGUMENT,
-    NVML_ERROR_LIBRARY_NOT_FOUND,
-    NVML_ERROR_NOT_SUPPORTED,
-    NVML_ERROR_TIMEOUT,
-    NVML_ERROR_UNINITIALIZED,
-    NVML_MEMORY_ERROR_TYPE_CORRECTED,
-    NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-    NVML_TEMPERATURE_GPU,
-    NVML_VOLATILE_ECC,
-    NVMLError,
-    nvmlEventTypeXidCriticalError,
-)
+#: the environment variable naming the scenario file
+SCENARIO_ENV = "FAKE_NVML_SCENARIO"
 
-from colossalai_exporter.node.gpu.protocol import FAKE_NVML_ENV
+
+def _real_binding() -> ModuleType:
+    """nvidia-ml-py's pynvml, loaded under another name from the rest of sys.path.
+
+    Its constants and exception classes are reused as they are. Importing it does
+    not load libnvidia-ml, so this works on machines without a driver. It runs
+    under its own name because it attaches its NVMLError_* classes to
+    ``sys.modules[__name__]``, which under "pynvml" would be this module.
+    """
+    here = os.path.dirname(os.path.abspath(__file__))
+    rest = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != here]
+    found = importlib.machinery.PathFinder.find_spec("pynvml", rest)
+    if found is None or found.origin is None:
+        raise ImportError("the fake NVML needs nvidia-ml-py installed for its errors and constants")
+    spec = importlib.util.spec_from_file_location("_real_pynvml", found.origin)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+_real = _real_binding()
+NVML_AGGREGATE_ECC = _real.NVML_AGGREGATE_ECC
+NVML_ERROR_DRIVER_NOT_LOADED = _real.NVML_ERROR_DRIVER_NOT_LOADED
+NVML_ERROR_FUNCTION_NOT_FOUND = _real.NVML_ERROR_FUNCTION_NOT_FOUND
+NVML_ERROR_GPU_IS_LOST = _real.NVML_ERROR_GPU_IS_LOST
+NVML_ERROR_INVALID_ARGUMENT = _real.NVML_ERROR_INVALID_ARGUMENT
+NVML_ERROR_LIBRARY_NOT_FOUND = _real.NVML_ERROR_LIBRARY_NOT_FOUND
+NVML_ERROR_NOT_SUPPORTED = _real.NVML_ERROR_NOT_SUPPORTED
+NVML_ERROR_TIMEOUT = _real.NVML_ERROR_TIMEOUT
+NVML_ERROR_UNINITIALIZED = _real.NVML_ERROR_UNINITIALIZED
+NVML_MEMORY_ERROR_TYPE_CORRECTED = _real.NVML_MEMORY_ERROR_TYPE_CORRECTED
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = _real.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+NVML_TEMPERATURE_GPU = _real.NVML_TEMPERATURE_GPU
+NVML_VOLATILE_ECC = _real.NVML_VOLATILE_ECC
+NVMLError = _real.NVMLError
+nvmlEventTypeXidCriticalError = _real.nvmlEventTypeXidCriticalError
 
 __all__ = [
     "NVML_AGGREGATE_ECC",
@@ -152,9 +179,9 @@ _state = _State()
 
 
 def _scenario() -> dict[str, Any]:
-    path = os.environ.get(FAKE_NVML_ENV, "")
+    path = os.environ.get(SCENARIO_ENV, "")
     if not path:
-        raise RuntimeError(f"fake NVML used without {FAKE_NVML_ENV} naming a scenario file")
+        raise RuntimeError(f"fake NVML used without {SCENARIO_ENV} naming a scenario file")
     info = os.stat(path)
     stamp = (info.st_ino, info.st_mtime_ns, info.st_size)
     if stamp != _state.stamp:
@@ -169,7 +196,7 @@ def _scenario() -> dict[str, Any]:
 def _record_hang(function: str) -> None:
     """Append "PID FUNCTION" to SCENARIO.hung, so a test knows this process is
     wedged before it changes the scenario for the processes that come after."""
-    with open(os.environ[FAKE_NVML_ENV] + ".hung", "a", encoding="utf-8") as log:
+    with open(os.environ[SCENARIO_ENV] + ".hung", "a", encoding="utf-8") as log:
         log.write(f"{os.getpid()} {function}\n")
 
 
