@@ -8,12 +8,11 @@ cd "$(dirname "$0")/.."
 bash scripts/install-dev.sh
 export PATH="$PWD/.venv/bin:$PATH"
 
-echo "== ruff"; ruff check exporter tests bench
+echo "== ruff"; ruff check exporter tests bench tools
 echo "== mypy"; mypy
 echo "== generated files are current"
-python -m colossalai_exporter docs --check
+python tools/metrics_docs.py --check
 python -m colossalai_exporter rules --check
 python -m colossalai_exporter dashboards --check
-python -m colossalai_exporter.k8s_dashboards --check
 echo "== pytest"
 python -m pytest "$@"

@@ -17,7 +17,7 @@ def test_unknown_command_is_one_line_and_exit_2() -> None:
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
         "colossalai-exporter: error: unknown command 'frobnicate' "
-        "(commands: demo, node, probe, bridge, rules, docs, dashboards)"
+        "(commands: demo, node, probe, bridge, rules, dashboards)"
     ]
 
 

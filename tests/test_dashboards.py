@@ -21,14 +21,14 @@ import pytest
 import yaml
 
 from colossalai_exporter import catalogue
-from colossalai_exporter.dashboards import jsonmodel
 from colossalai_exporter.dashboards.cli import generate
 from colossalai_exporter.dashboards.dashboard import SCHEMA_VERSION
-from colossalai_exporter.dashboards.interpolate import builtins, interpolate, variables_in
 from colossalai_exporter.dashboards.model import DATASOURCE, GRID_COLUMNS
 from colossalai_exporter.rulesgen import rules
 from colossalai_exporter.rulesgen.names import metric_names
 from conftest import REPO, require_binary, run_cli
+from grafana_render import jsonmodel
+from grafana_render.interpolate import builtins, interpolate, variables_in
 
 DASHBOARDS_DIR = REPO / "grafana" / "dashboards"
 PROVISIONING = REPO / "grafana" / "provisioning"

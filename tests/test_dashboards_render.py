@@ -22,13 +22,13 @@ import pytest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from colossalai_exporter.dashboards import jsonmodel
-from colossalai_exporter.dashboards.query import Prometheus
-from colossalai_exporter.dashboards.render_png import legend_text, main, render_all
 from colossalai_exporter.training.families import families
 from colossalai_exporter.training.snapshot import HeartbeatState
 from colossalai_exporter.training.state import Budgets, RankState
 from conftest import REPO, wait_until
+from grafana_render import jsonmodel
+from grafana_render.query import Prometheus
+from grafana_render.render_png import legend_text, main, render_all
 from prometheus_helpers import render_rules, running_prometheus, serving
 
 pytestmark = pytest.mark.slow

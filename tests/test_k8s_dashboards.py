@@ -1,58 +1,48 @@
-"""Dashboard ConfigMaps for the Grafana sidecar: generated from grafana/dashboards, kept current.
+"""Dashboard ConfigMaps for the Grafana sidecar: written by ``dashboards`` with the JSON files.
 
-The generator is tested on dashboards of its own in tmp_path, so these tests
-do not depend on which dashboards the repository holds; the committed file is
-checked against whatever ``grafana/dashboards/*.json`` exist (none at all is a
-valid state: no ConfigMaps).
+The ConfigMaps are rendered from the same models as the JSON files, so the
+tests check that they carry each dashboard unchanged, that a site's override
+reaches them, that the committed copy is current, and that what cannot be a
+ConfigMap is one line and exit 2.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
-from colossalai_exporter.k8s_dashboards import DEFAULT_DASHBOARDS, DEFAULT_OUTPUT, render
-from conftest import cli_env
+from colossalai_exporter.dashboards import cli as dashboards_cli
+from colossalai_exporter.dashboards.configmaps import render
+from colossalai_exporter.errors import ConfigError
+from conftest import REPO, run_cli
 
 TRAINING = {"uid": "colossalai-training", "title": "ColossalAI training", "schemaVersion": 39,
             "panels": [{"id": 1, "type": "timeseries", "title": "Steps/s — rank",
                         "targets": [{"expr": 'sum by (rank) (rate(x{job="$job"}[5m]))'}]}]}
+COMMITTED = REPO / "deploy" / "kubernetes" / "dashboards.yaml"
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "colossalai_exporter.k8s_dashboards", *args],
-                          capture_output=True, text=True, timeout=30, env=cli_env(),
-                          check=False)
+def _documents(text: str) -> list[dict]:
+    return [d for d in yaml.safe_load_all(text) if d]
 
 
-def _dashboards(tmp_path: Path, **files: str) -> Path:
-    directory = tmp_path / "dashboards"
-    directory.mkdir(parents=True)
-    for name, text in files.items():
-        (directory / name).write_text(text)
-    return directory
-
-
-def test_committed_configmaps_are_current() -> None:
-    result = _run("--check")
+def test_committed_configmaps_are_current_and_carry_each_dashboard() -> None:
+    result = run_cli("dashboards", "--check")
     assert result.returncode == 0, result.stderr
-    documents = [d for d in yaml.safe_load_all(DEFAULT_OUTPUT.read_text()) if d]
-    assert len(documents) == len(list(DEFAULT_DASHBOARDS.glob("*.json")))
+    documents = _documents(COMMITTED.read_text())
+    committed_json = sorted((REPO / "grafana" / "dashboards").glob("*.json"))
+    assert [next(iter(d["data"])) for d in documents] == [p.name for p in committed_json]
+    for doc, path in zip(documents, committed_json, strict=True):
+        assert json.loads(doc["data"][path.name]) == json.loads(path.read_text())
 
 
-def test_one_sidecar_configmap_per_dashboard(tmp_path: Path) -> None:
-    directory = _dashboards(tmp_path, **{
-        "colossalai-training.json": json.dumps(TRAINING),
-        "colossalai-nodes.json": '{"uid": "colossalai-nodes", "panels": []}  \n',
-        "README.md": "not a dashboard"})
-    output = tmp_path / "dashboards.yaml"
-    result = _run("--dashboards", str(directory), "--output", str(output))
-    assert result.returncode == 0, result.stderr
-    nodes, training = list(yaml.safe_load_all(output.read_text()))
+def test_one_sidecar_configmap_per_dashboard() -> None:
+    text = render({"colossalai-training.json": json.dumps(TRAINING, ensure_ascii=False),
+                   "colossalai-nodes.json": '{\n  "uid": "colossalai-nodes"\n}\n'})
+    nodes, training = _documents(text)
     for doc, stem in ((nodes, "colossalai-nodes"), (training, "colossalai-training")):
         assert doc["apiVersion"] == "v1" and doc["kind"] == "ConfigMap"
         assert doc["metadata"]["name"] == f"grafana-dashboard-{stem}"
@@ -61,41 +51,45 @@ def test_one_sidecar_configmap_per_dashboard(tmp_path: Path) -> None:
         assert list(doc["data"]) == [f"{stem}.json"]
     # the JSON model is carried unchanged (unicode included), readable as a block
     assert json.loads(training["data"]["colossalai-training.json"]) == TRAINING
-    assert '"title": "Steps/s — rank"' in output.read_text()
-    assert "colossalai-training.json: |" in output.read_text()
+    assert "Steps/s — rank" in text
+    assert "colossalai-nodes.json: |" in text
 
 
-def test_no_dashboards_means_no_configmaps(tmp_path: Path) -> None:
-    text = render(_dashboards(tmp_path))
-    assert [d for d in yaml.safe_load_all(text) if d] == []
-    assert "No dashboards were found" in text
+def test_no_dashboards_means_no_configmaps() -> None:
+    assert _documents(render({})) == []
 
 
-def test_check_reports_a_stale_file(tmp_path: Path) -> None:
-    directory = _dashboards(tmp_path, **{"colossalai-chat.json": '{"uid": "colossalai-chat"}'})
-    output = tmp_path / "dashboards.yaml"
-    assert _run("--dashboards", str(directory), "--output", str(output)).returncode == 0
-    assert _run("--dashboards", str(directory), "--output", str(output), "--check"
-                ).returncode == 0
-    (directory / "colossalai-chat.json").write_text('{"uid": "colossalai-chat", "version": 2}')
-    result = _run("--dashboards", str(directory), "--output", str(output), "--check")
-    assert result.returncode == 1
-    assert result.stderr.strip() == (
-        f"{output} is stale: run 'python -m colossalai_exporter.k8s_dashboards'")
+@pytest.mark.parametrize(("files", "message"), [
+    ({"a_b.json": "{}", "a-b.json": "{}"}, "both become ConfigMap 'grafana-dashboard-a-b'"),
+    ({"big.json": json.dumps({"x": "y" * (1 << 20)})}, "is over a ConfigMap's 1 MiB"),
+    ({"Ünï.json": "{}"}, "is not a Kubernetes name"),
+])
+def test_what_cannot_be_a_configmap_is_refused(files: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        render(files)
 
 
-def test_bad_dashboards_are_one_line_and_exit_2(tmp_path: Path) -> None:
-    output = tmp_path / "out.yaml"
-    cases = [
-        ({"broken.json": "{"}, "broken.json: not a readable JSON dashboard"),
-        ({"list.json": "[]"}, "list.json: a dashboard must be a JSON object"),
-        ({"a_b.json": "{}", "a-b.json": "{}"}, "both become ConfigMap 'grafana-dashboard-a-b'"),
-        ({"big.json": json.dumps({"x": "y" * (1 << 20)})}, "is over a ConfigMap's 1 MiB"),
-    ]
-    for index, (files, message) in enumerate(cases):
-        directory = _dashboards(tmp_path / str(index), **files)
-        result = _run("--dashboards", str(directory), "--output", str(output))
-        assert result.returncode == 2, message
-        lines = result.stderr.strip().splitlines()
-        assert len(lines) == 1 and message in lines[0], result.stderr
-        assert not output.exists()
+def test_a_sites_override_reaches_the_configmaps(tmp_path: Path) -> None:
+    override = tmp_path / "site.yml"
+    override.write_text("selectors:\n  training: 'job=\"site-training\"'\n")
+    out, maps = tmp_path / "dash", tmp_path / "maps.yaml"
+    result = run_cli("dashboards", "--override", str(override), "--output-dir", str(out),
+                     "--configmaps", str(maps), "--namespace", "grafana", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    documents = _documents(maps.read_text())
+    assert {d["metadata"]["namespace"] for d in documents} == {"grafana"}
+    for doc in documents:
+        (name, body), = doc["data"].items()
+        assert body == (out / name).read_text()
+    training = next(d for d in documents if "colossalai-training.json" in d["data"])
+    assert 'site-training' in training["data"]["colossalai-training.json"]
+    # a different output folder leaves the repository's committed ConfigMaps alone
+    assert run_cli("dashboards", "--check").returncode == 0
+
+
+def test_another_output_dir_writes_no_configmaps_unless_asked(tmp_path: Path) -> None:
+    files = dashboards_cli.generate(output_dir=tmp_path)
+    assert all(path.suffix == ".json" for path in files)
+    result = run_cli("dashboards", "--output-dir", str(tmp_path / "d"), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "dashboards.yaml" not in result.stdout

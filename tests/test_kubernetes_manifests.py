@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from colossalai_exporter.bridge.config import validate as validate_bridge
-from colossalai_exporter.k8s_dashboards import render
+from colossalai_exporter.dashboards.configmaps import render
 from colossalai_exporter.probe.config import ProbeConfig, apply_file
 from colossalai_exporter.probe.targets import parse_target
 from colossalai_exporter.version import __version__
@@ -298,9 +298,8 @@ def test_kustomize_builds_the_bundle(tmp_path: Path) -> None:
     # With one dashboard, so that the generated file is exercised with content too.
     bundle = tmp_path / "kubernetes"
     shutil.copytree(K8S, bundle)
-    (tmp_path / "dash").mkdir()
-    (tmp_path / "dash" / "colossalai-nodes.json").write_text('{"uid": "colossalai-nodes"}')
-    (bundle / "dashboards.yaml").write_text(render(tmp_path / "dash"))
+    (bundle / "dashboards.yaml").write_text(
+        render({"colossalai-nodes.json": '{"uid": "colossalai-nodes"}'}))
     result = subprocess.run([kubectl, "kustomize", str(bundle)], capture_output=True,
                             text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr

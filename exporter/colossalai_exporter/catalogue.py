@@ -5,7 +5,7 @@ Each entry names a metric as it appears in the text exposition (counters with
 and its help text. Collectors build their families through :func:`gauge`,
 :func:`counter`, :func:`histogram` and :func:`info`, so help texts and label
 names cannot drift from this file; ``docs/metrics.md`` is generated from it
-(``colossalai-exporter docs``); tests check that servers serve, and rules and
+(``python tools/metrics_docs.py``); tests check that servers serve, and rules and
 dashboards use, only names listed here.
 
 Sections are kept per component so that each part can grow its own list.

@@ -1,19 +1,17 @@
 """Where this copy runs from: a source checkout, or an installed wheel.
 
-The generators' defaults differ between the two. In a checkout, ``rules``,
-``dashboards`` and ``docs`` rewrite the repository's committed files (and
-``--check`` compares them). Installed, there is no repository: the rules
-config ships inside the package (the wheel carries rules/config.yml as
-``colossalai_exporter/rulesgen/config.yml``), outputs default to the
-working directory, and the repository-only tools say so instead of writing
-into site-packages.
+The generators' defaults differ between the two. In a checkout, ``rules``
+and ``dashboards`` rewrite the repository's committed files (and ``--check``
+compares them). Installed, there is no repository: the rules config ships
+inside the package (the wheel carries rules/config.yml as
+``colossalai_exporter/rulesgen/config.yml``) and outputs default to the
+working directory. The repository-only tools live in tools/, outside the
+package.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-
-from colossalai_exporter.errors import ConfigError
 
 PACKAGE = Path(__file__).resolve().parent
 # exporter/colossalai_exporter -> the repository root, when there is one
@@ -35,12 +33,3 @@ def output_dir(in_repo: str, installed: str) -> Path:
     """``REPO/in_repo`` in a checkout; ``installed``, relative to the working directory,
     otherwise."""
     return REPO / in_repo if in_checkout() else Path(installed)
-
-
-def require_checkout(command: str) -> Path:
-    """The repository root, or a ConfigError saying ``command`` needs one."""
-    if not in_checkout():
-        raise ConfigError(f"`colossalai-exporter {command}` regenerates this project's "
-                          "committed files and runs only in a source checkout; this copy is "
-                          f"installed at {PACKAGE}")
-    return REPO

@@ -28,7 +28,6 @@ COMMANDS: dict[str, tuple[str, str]] = {
                "forwarding to Vigilmon heartbeats and webhooks"),
     "rules": ("colossalai_exporter.rulesgen.cli", "render the alerting and recording rules "
               "from their one config"),
-    "docs": ("colossalai_exporter.docsgen", "write docs/metrics.md from the metric catalogue"),
     "dashboards": ("colossalai_exporter.dashboards.cli", "write the Grafana dashboards "
                    "from their Python source"),
 }

@@ -50,8 +50,6 @@ import yaml
 
 from chat_servers import inference_app, served
 from colossalai_exporter.chat import instrument
-from colossalai_exporter.dashboards import jsonmodel
-from colossalai_exporter.dashboards.render_png import RenderResult, render_all
 from conftest import (
     REPO,
     ServerProcess,
@@ -64,6 +62,8 @@ from conftest import (
 )
 from fake_vigilmon import FakeVigilmon, Recorded, fake_vigilmon
 from gpu_helpers import Scenario, fake_nvml_env, gpu
+from grafana_render import jsonmodel
+from grafana_render.render_png import RenderResult, render_all
 from prometheus_helpers import (
     Prometheus,
     launch_prometheus,

@@ -3,10 +3,10 @@
 So that a reader sees what the dashboards show without installing Grafana,
 and so that a test can tell which panels return no data::
 
-    python -m colossalai_exporter.dashboards.render_png \\
+    PYTHONPATH=tools python -m grafana_render.render_png \\
         --prometheus.url http://127.0.0.1:9090 --since 30m --output-dir docs/dashboards
 
-    from colossalai_exporter.dashboards.render_png import render_all
+    from grafana_render.render_png import render_all
     results = render_all("http://127.0.0.1:9090", start, end, Path("docs/dashboards"))
     {r.uid: r.empty_panels for r in results}
 
@@ -39,10 +39,11 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, MaxNLocator
 
-from colossalai_exporter.checkout import REPO
-from colossalai_exporter.dashboards import jsonmodel
-from colossalai_exporter.dashboards.interpolate import Value, builtins, interpolate
-from colossalai_exporter.dashboards.query import Prometheus, QueryError, Series, resolve_variables
+from grafana_render import jsonmodel
+from grafana_render.interpolate import Value, builtins, interpolate
+from grafana_render.query import Prometheus, QueryError, Series, resolve_variables
+
+REPO = Path(__file__).resolve().parents[2]
 
 DEFAULT_DASHBOARDS_DIR = REPO / "grafana" / "dashboards"
 DEFAULT_OUTPUT_DIR = REPO / "docs" / "dashboards"
@@ -390,7 +391,7 @@ def _seconds(text: str) -> float:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m colossalai_exporter.dashboards.render_png",
+    parser = argparse.ArgumentParser(prog="python -m grafana_render.render_png",
                                      description="Plot every dashboard panel from Prometheus.")
     parser.add_argument("--prometheus.url", dest="url", required=True, metavar="URL")
     parser.add_argument("--since", type=_seconds, default=3600.0, metavar="DURATION",

@@ -16,9 +16,9 @@ from typing import Any
 
 import requests
 
-from colossalai_exporter.dashboards import jsonmodel
-from colossalai_exporter.dashboards.interpolate import Value, interpolate
 from colossalai_exporter.dashboards.variables import SORT_NUMERIC
+from grafana_render import jsonmodel
+from grafana_render.interpolate import Value, interpolate
 
 
 class QueryError(Exception):
