@@ -254,7 +254,8 @@ def _tables(store: Store) -> dict[str, list[tuple[object, ...]]]:
 
 
 def test_group_commit_batch_equals_one_item_after_another(tmp_path: Path) -> None:
-    """ingest_many's few multi-row statements must do exactly what ingest does item by item."""
+    """A batch in one commit must store exactly what its items store one commit each
+    (within a batch, dedup and superseding work in memory; across commits, in SQLite)."""
     def hook(key: str) -> Enqueue:
         return Enqueue("hook", "webhook", dedup_key=key, dedup_window=60)
 

@@ -190,11 +190,9 @@ class Store:
                firing: Sequence[FiringUpdate] = (), now: float | None = None) -> IngestResult:
         """Store a notification and its deliveries in one committed transaction."""
         now = self._clock() if now is None else now
-        item = IngestItem(body, tuple(enqueues), tuple(firing), now)
-        with self._lock:
-            with self._transaction() as db:
-                result, seen = self._ingest_one(db, self._dedup(), item)
-            self._dedup().add(seen)  # only once committed: a rollback leaves no trace
+        (result,) = self.ingest_many([IngestItem(body, tuple(enqueues), tuple(firing), now)])
+        if isinstance(result, StoreError):
+            raise result
         return result
 
     def ingest_many(self, items: Sequence[IngestItem]) -> list[IngestResult | StoreError]:
@@ -212,44 +210,38 @@ class Store:
         if not items:
             return []
         with self._lock:
-            return self._ingest_many(items)
-
-    def _ingest_many(self, items: Sequence[IngestItem]) -> list[IngestResult | StoreError]:
-        dedup = self._dedup()
-        try:
-            with self._transaction() as db:
-                if len(items) == 1:
-                    one, seen = self._ingest_one(db, dedup, items[0])
-                    batch: list[IngestResult | StoreError] = [one]
-                else:
-                    batch, seen = self._ingest_batch(db, dedup, items)
-            dedup.add(seen)  # only once committed: a rollback leaves no trace
-            return batch
-        except StoreError as exc:
-            if len(items) == 1:
-                return [exc]
-        results: list[IngestResult | StoreError] = []
-        for item in items:
             try:
-                with self._transaction() as db:
-                    result, seen = self._ingest_one(db, dedup, item)
-                dedup.add(seen)
-                results.append(result)
+                return self._commit(items)
             except StoreError as exc:
-                results.append(exc)
+                if len(items) == 1:
+                    return [exc]
+            results: list[IngestResult | StoreError] = []
+            for item in items:
+                try:
+                    results.extend(self._commit([item]))
+                except StoreError as exc:
+                    results.append(exc)
+            return results
+
+    def _commit(self, items: Sequence[IngestItem]) -> list[IngestResult | StoreError]:
+        dedup = self._dedup()
+        with self._transaction() as db:
+            results, seen = self._ingest_batch(db, dedup, items)
+        dedup.add(seen)  # only once committed: a rollback leaves no trace
         return results
 
     @staticmethod
     def _ingest_batch(db: sqlite3.Connection, dedup: DedupIndex, items: Sequence[IngestItem],
                       ) -> tuple[list[IngestResult | StoreError], list[DedupRow]]:
-        """What :meth:`_ingest_one` does for each item in turn, in a few statements.
+        """Apply ``items`` in order, in a few statements whatever their number.
 
-        Why not a loop over :meth:`_ingest_one`: every statement releases the GIL and
-        must win it back from the event loop thread, which is busy parsing the next
-        requests; a few dozen hand-overs per batch made the commit cycle, not the
-        disk, the limit. Here the batch costs one multi-row statement per table,
-        whatever its size (dedup keys are looked up in memory). The effect is the same as
-        applying the items one after another (a unit test compares the two): ids
+        The one ingest path, for one notification or many. Why not one statement per
+        row: every statement releases the GIL and must win it back from the event
+        loop thread, which is busy parsing the next requests; a few dozen hand-overs
+        per batch made the commit cycle, not the disk, the limit (bench/RESULTS.md,
+        the bridge's ingest figures). Here a batch costs one multi-row statement per
+        table (dedup keys are looked up in memory). The effect is the same as
+        storing the items one after another (a unit test compares the two): ids
         follow the items' order, an item is deduplicated against earlier items of
         the batch, a newer ping supersedes an older one of the same batch.
         """
@@ -277,45 +269,6 @@ class Store:
                            (u.target, u.fingerprint))
         return [IngestResult(first_id + i, queued, deduplicated, batch.superseded[i])
                 for i, (queued, deduplicated) in enumerate(batch.outcomes)], batch.dedup
-
-    @staticmethod
-    def _ingest_one(db: sqlite3.Connection, dedup: DedupIndex,
-                    item: IngestItem) -> tuple[IngestResult, list[DedupRow]]:
-        now = item.now
-        seen: list[DedupRow] = []
-        queued: list[str] = []
-        deduplicated: list[str] = []
-        superseded: dict[str, int] = {}
-        cursor = db.execute("INSERT INTO notifications (received_at, body) VALUES (?, ?)",
-                            (now, item.body))
-        notification_id = int(cursor.lastrowid or 0)
-        for enqueue in item.enqueues:
-            if enqueue.dedup_key is not None:
-                seen_at = dedup.seen_at(enqueue.target, enqueue.dedup_key)
-                if seen_at is not None and now - seen_at < enqueue.dedup_window:
-                    deduplicated.append(enqueue.target)
-                    continue
-                db.execute("INSERT INTO dedup_log (target, key, seen_at) VALUES (?, ?, ?)",
-                           (enqueue.target, enqueue.dedup_key, now))
-                seen.append((enqueue.target, enqueue.dedup_key, now))
-            if enqueue.newest_only:
-                dropped = db.execute("DELETE FROM outbox WHERE target=?", (enqueue.target,))
-                if dropped.rowcount:
-                    superseded[enqueue.target] = dropped.rowcount
-            db.execute("INSERT INTO outbox (target, kind, notification_id, created_at, "
-                       "next_attempt_at) VALUES (?, ?, ?, ?, ?)",
-                       (enqueue.target, enqueue.kind, notification_id, now, now))
-            queued.append(enqueue.target)
-        for update in item.firing:
-            if update.firing:
-                db.execute("INSERT OR REPLACE INTO firing (target, fingerprint, labels, "
-                           "last_seen) VALUES (?, ?, ?, ?)",
-                           (update.target, update.fingerprint, update.labels, now))
-            else:
-                db.execute("DELETE FROM firing WHERE target=? AND fingerprint=?",
-                           (update.target, update.fingerprint))
-        return (IngestResult(notification_id, tuple(queued), tuple(deduplicated), superseded),
-                seen)
 
     # -- delivery -----------------------------------------------------------------------
 
