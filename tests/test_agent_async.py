@@ -25,7 +25,7 @@ from colossalai_exporter.node.gpu import GpuCollector
 from colossalai_exporter.node.host import HostCollector
 from colossalai_exporter.node.ranks import RanksCollector
 from colossalai_exporter.node.rendezvous import Endpoint, RendezvousCollector
-from conftest import loop_gaps, syn_dropping_port
+from conftest import loop_gaps, syn_dropping_port, wait_until
 from gpu_helpers import Scenario, gpu, use_fake_nvml
 
 # The longest a healthy event loop goes without running the ticker, on a loaded
@@ -178,8 +178,8 @@ def test_a_refused_and_an_accepted_connect_finish_on_the_loop(listener: int) -> 
 
 def test_a_scrape_thread_and_the_loop_share_one_nvml_answer(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A synchronous scrape (the first /health, the start-up report) holding the worker's
-    pipe does not make the loop's scrape wait for its own round trip."""
+    """A scrape from another thread (the start-up report, a registry) that has asked the
+    worker does not make the loop's scrape wait for its own round trip."""
     scenario = Scenario(tmp_path / "nvml.json").write(gpus=[gpu(0)])
     use_fake_nvml(monkeypatch, scenario.path)
     collector = GpuCollector(timeout=5)
@@ -192,7 +192,7 @@ def test_a_scrape_thread_and_the_loop_share_one_nvml_answer(
         asked = worker._next_id
         thread = threading.Thread(target=lambda: list(agent.collect()))
         thread.start()
-        time.sleep(0.05)  # the thread has asked and holds the pipe
+        wait_until(lambda: worker._next_id == asked + 1, 5, what="the thread's request")
         _, took, gap = scrape_beside_a_ticker(agent)
         thread.join(5)
     finally:

@@ -18,9 +18,11 @@ by the worker's pipe, the connecting sockets and the checking threads. A scrape
 then costs no hand-over to a scrape thread and back, which was about a fifth
 of its time (bench/RESULTS.md). Whatever is not ready within
 :data:`LOOP_WAIT_SECONDS` — a hung mount, a stuck NVML call, a dropped SYN —
-is finished by the collectors' own bounded ``collect`` in a thread, exactly as
-:meth:`Agent.collect` does, so the loop is never blocked and a slow scrape
-still ends within its deadline.
+is finished by the collectors' own bounded ``collect`` in a thread, so the
+loop is never blocked and a slow scrape still ends within its deadline.
+Synchronous callers (the start-up report, a prometheus_client registry) run
+the same scrape on an event loop of their own (:meth:`Agent.collect`): there
+is one implementation of a scrape.
 """
 
 from __future__ import annotations
@@ -139,15 +141,11 @@ class Agent:
         families.extend(self._self_metrics())
         return families
 
-    def collect(self) -> Iterable[MetricFamily]:
-        """One scrape in the calling thread (a prometheus_client collector's collect)."""
-        deadline = time.monotonic() + self.scrape_timeout
-        begun = self._begin_all(deadline)
-        results: dict[str, list[MetricFamily]] = {}
-        # Inline collectors first, then those whose work has been running meanwhile.
-        for collector in sorted(self.collectors, key=lambda c: c.name in begun):
-            results[collector.name] = self._run(collector, deadline, begun.get(collector.name))
-        return self._in_order(results)
+    def collect(self) -> list[MetricFamily]:
+        """One scrape from synchronous code (a prometheus_client collector's collect):
+        :meth:`collect_async` on an event loop of its own. Not for a thread that runs
+        an event loop; there, await :meth:`collect_async`."""
+        return asyncio.run(self.collect_async())
 
     async def collect_async(self) -> list[MetricFamily]:
         """One scrape on the running event loop, never blocking it (see the module doc)."""
@@ -289,9 +287,9 @@ def build_app(agent: Agent, app: App | None = None) -> App:
         families.extend(process.collect())
         return metrics_response(CollectedFamilies(families), request)
 
-    def health(request: Request) -> Response:
+    async def health(request: Request) -> Response:
         if not any(s.duration for s in agent.states.values()):
-            list(agent.collect())  # no scrape yet: judge on a fresh run, not on defaults
+            await agent.collect_async()  # no scrape yet: judge on a fresh run, not on defaults
         healthy, problems = agent.health()
         return json_response(200 if healthy else 503, {
             "status": "ok" if healthy else "degraded",
