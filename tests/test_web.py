@@ -135,6 +135,35 @@ def test_body_cap_method_and_unknown_route(stop_later: list[web_server.ServerHan
     missing.value.close()
 
 
+def test_bodies_are_read_by_length_or_chunks_and_only_then(
+        stop_later: list[web_server.ServerHandle]) -> None:
+    """A request without Content-Length or Transfer-Encoding has no body (a scrape):
+    it is answered without a read; a chunked body is read whole, under the cap, and
+    one that stops coming is a 408 within the body deadline."""
+    app = App(max_body_bytes=16, body_timeout=0.5)
+    app.add_route("/hello", lambda r: json_response(200, {"hello": len(r.body)}), ("GET", "POST"))
+    handle = serve(app, "127.0.0.1:0", None)  # type: ignore[arg-type]
+    stop_later.append(handle)
+    host, port = handle.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        sock.sendall(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+        head, body = recv_response(sock)
+        assert head.startswith(b"HTTP/1.1 200") and body == b'{"hello": 0}\n'
+        sock.sendall(b"POST /hello HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"5\r\nhello\r\n3\r\nabc\r\n0\r\n\r\n")
+        head, body = recv_response(sock)
+        assert head.startswith(b"HTTP/1.1 200") and body == b'{"hello": 8}\n'
+        sock.sendall(b"POST /hello HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"11\r\n" + b"x" * 17 + b"\r\n0\r\n\r\n")
+        head, _ = recv_response(sock)
+        assert head.startswith(b"HTTP/1.1 413"), head
+    with socket.create_connection((host, int(port)), timeout=5) as slow:
+        slow.sendall(b"POST /hello HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n"
+                     b"5\r\nhel")
+        head, body = recv_response(slow)
+        assert head.startswith(b"HTTP/1.1 408") and b"body_timeout" in body
+
+
 def recv_all(sock: socket.socket) -> bytes:
     """Everything the server sends until it closes the connection."""
     data = b""

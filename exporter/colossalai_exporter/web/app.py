@@ -19,7 +19,6 @@ from typing import Any, cast
 from urllib.parse import parse_qs
 
 from colossalai_exporter.web.auth import BasicAuthenticator
-from colossalai_exporter.web.deadlines import ReadDeadlines
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +114,6 @@ class App:
         self._auth = authenticator
         self.max_body_bytes = max_body_bytes
         self.body_timeout = body_timeout
-        self._deadlines = ReadDeadlines(body_timeout)
         self._extra_headers = list((extra_headers or {}).items())
         self._realm = realm
 
@@ -178,22 +176,23 @@ class App:
                 return refused
         declared = request.header("content-length")
         length = int(declared) if declared and declared.isdigit() else None
-        loop = asyncio.get_running_loop()
-        task = asyncio.current_task(loop)
-        assert task is not None  # handle() runs in the server's task for the request
-        self._deadlines.start(task, loop)
+        if length == 0 or (declared is None and "transfer-encoding" not in request.headers):
+            # No body (HTTP/1.1: neither Content-Length nor Transfer-Encoding, as in a
+            # scrape): nothing to read, and no deadline to arm (wait_for costs a task).
+            return await self._call(handler, request)
         try:
-            request.body = await self._read_body(receive, length)
+            # asyncio.wait_for, not asyncio.timeout: the latter needs Python 3.11.
+            request.body = await asyncio.wait_for(self._read_body(receive, length),
+                                                  self.body_timeout)
         except BodyTooLarge:
             return error_response(413, "too_large",
                                   f"request body over {self.max_body_bytes} bytes")
-        except asyncio.CancelledError:
-            if self._deadlines.finish(task, loop):
-                return error_response(408, "body_timeout",
-                                      f"request body not received within {self.body_timeout:g}s")
-            raise
-        finally:
-            self._deadlines.finish(task, loop)
+        except asyncio.TimeoutError:
+            return error_response(408, "body_timeout",
+                                  f"request body not received within {self.body_timeout:g}s")
+        return await self._call(handler, request)
+
+    async def _call(self, handler: Handler, request: Request) -> Response:
         if handler in self._coroutines:
             return await cast("Awaitable[Response]", handler(request))
         result = await asyncio.get_running_loop().run_in_executor(None, handler, request)
