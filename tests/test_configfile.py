@@ -87,3 +87,41 @@ def test_durations_and_paths_relative_to_the_file(tmp_path: Path) -> None:
     assert loaded.inner.timeout == 90.0
     assert loaded.inner.folder == str(tmp_path / "conf" / "data")
     assert loaded.items[0].folder == "/abs"
+
+
+def test_one_way_to_read_a_secret_for_the_bridge_and_the_prober(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """configfile.secret_from_file/_env: what the bridge's KEY_file/KEY_env and the
+    prober's header_files read, with the same rules and the same words."""
+    from colossalai_exporter.bridge.config import load_config
+    from colossalai_exporter.configfile import secret_from_env, secret_from_file
+    from colossalai_exporter.flags import load_yaml_file
+    from colossalai_exporter.probe.config import ProbeConfig, apply_file
+
+    token, empty = tmp_path / "token", tmp_path / "empty"
+    token.write_text("s3cret\n")
+    empty.write_text(" \n")
+    assert secret_from_file(token) == "s3cret"
+    with pytest.raises(ConfigError, match=r"empty is empty$"):
+        secret_from_file(empty)
+    with pytest.raises(ConfigError, match=r"cannot read .*missing: No such file"):
+        secret_from_file(tmp_path / "missing")
+    monkeypatch.setenv("TOKEN", " s3cret ")
+    monkeypatch.setenv("BLANK", "")
+    assert secret_from_env("TOKEN") == "s3cret"
+    with pytest.raises(ConfigError, match="environment variable BLANK is empty"):
+        secret_from_env("BLANK")
+    with pytest.raises(ConfigError, match="environment variable UNSET_TOKEN is not set"):
+        secret_from_env("UNSET_TOKEN")
+
+    # The same empty file refused by both components, in the same words.
+    bridge = tmp_path / "bridge.yml"
+    bridge.write_text("state_dir: state\ntargets:\n- name: wd\n  type: heartbeat\n"
+                      "  url_file: empty\n")
+    with pytest.raises(ConfigError, match=r"targets\[wd\]\.url_file: .*empty is empty"):
+        load_config(bridge)
+    probe = tmp_path / "probe.yml"
+    probe.write_text("modules: {m: {prober: http, http: {header_files: {Authorization: empty}}}}\n")
+    with pytest.raises(ConfigError,
+                       match=r"modules\.m\.http\.header_files\.Authorization: .*empty is empty"):
+        apply_file(ProbeConfig(), load_yaml_file(probe), probe)

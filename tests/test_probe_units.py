@@ -88,7 +88,7 @@ def test_effective_timeout_follows_blackbox() -> None:
      "modules.m.http.valid_status_codes[0]: expected `int` <= 599"),
     ("modules: {m: {prober: http, http: {colour: red}}}", "modules.m.http: unknown key `colour`"),
     ("modules: {m: {prober: http, http: {header_files: {Authorization: /nonexistent}}}}",
-     "modules.m.http.header_files.Authorization: /nonexistent is not a readable file"),
+     "modules.m.http.header_files.Authorization: cannot read /nonexistent: No such file"),
     ("modules: {m: {prober: http, http: {json: [{field: status}]}}}",
      "modules.m.http.json[0]: missing key `equals`"),
     ("modules: {m: {prober: http, http: {path: health}}}", "modules.m.http.path: expected `str`"),

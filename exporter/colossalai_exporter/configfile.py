@@ -16,9 +16,11 @@ Two value types every component shares:
 * :class:`ConfigPath` — a path; a relative one is relative to the config
   file's folder (not to the working directory the daemon was started in).
 
-And the sections every daemon's file has (``web``, ``log``) and the one TLS
+And the sections every daemon's file has (``web``, ``log``), the one TLS
 client block (:class:`TLSClient`, Prometheus' ``tls_config``) that the prober
-and the bridge use for the servers they call.
+and the bridge use for the servers they call, and the one way to read a
+secret kept out of the file (:func:`secret_from_file`, :func:`secret_from_env`:
+the bridge's ``KEY_file``/``KEY_env``, the prober's ``header_files``).
 
 Why msgspec rather than a validation library: it is already a dependency (the
 bridge decodes notifications with it), converts and validates in one pass,
@@ -27,6 +29,7 @@ and its errors carry the key path.
 
 from __future__ import annotations
 
+import os
 import re
 import ssl
 import types
@@ -156,6 +159,36 @@ class TLSClient(Section, frozen=True):
         if self.cert_file is not None and self.key_file is not None:
             ctx.load_cert_chain(self.cert_file, self.key_file, password=lambda: b"")
         return ctx
+
+
+def secret_from_file(path: str | Path) -> str:
+    """The secret a file holds, surrounding whitespace stripped (the newline of
+    ``echo token > file``); ConfigError saying why when it cannot be used.
+
+    Read when asked, not cached: callers that re-read it at use take a rotated
+    secret (a renewed Kubernetes Secret, a Vault agent's file) without a restart.
+    """
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not UTF-8 text") from None
+    if not text:
+        raise ConfigError(f"{path} is empty")
+    return text
+
+
+def secret_from_env(name: str) -> str:
+    """The secret in environment variable ``name``, whitespace stripped; ConfigError when
+    it is unset or empty."""
+    value = os.environ.get(name)
+    if value is None:
+        raise ConfigError(f"environment variable {name} is not set")
+    if not value.strip():
+        raise ConfigError(f"environment variable {name} is empty")
+    return value.strip()
 
 
 def parse_prometheus_duration(text: str) -> float:

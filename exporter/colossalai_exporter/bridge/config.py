@@ -12,7 +12,6 @@ environment variable) instead of inline. See docs/bridge.md for every key.
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -268,25 +267,15 @@ class _Section:
         if not isinstance(value, str) or not value:
             self.problems.add(self._at(which), "must be a non-empty string")
             return None
-        if which.endswith("_file"):
-            path = self.problems.path(value)
-            try:
-                text = path.read_text(encoding="utf-8").strip()
-            except OSError as exc:
-                self.problems.add(self._at(which), f"cannot read {path}: {exc.strerror}")
-                return None
-        elif which.endswith("_env"):
-            env_value = os.environ.get(value)
-            if env_value is None:
-                self.problems.add(self._at(which), f"environment variable {value} is not set")
-                return None
-            text = env_value.strip()
-        else:
-            text = value
-        if not text:
-            self.problems.add(self._at(which), "is empty")
+        try:
+            if which.endswith("_file"):
+                return configfile.secret_from_file(self.problems.path(value))
+            if which.endswith("_env"):
+                return configfile.secret_from_env(value)
+        except ConfigError as exc:
+            self.problems.add(self._at(which), str(exc))
             return None
-        return text
+        return value
 
 
 _ENDPOINT_KEYS = {"url", "url_file", "url_env", "method", "timeout", "success_codes", "headers",

@@ -48,6 +48,7 @@ from colossalai_exporter.configfile import (
     Section,
     TLSClient,
     WebSection,
+    secret_from_file,
 )
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.flags import load_yaml_file
@@ -235,8 +236,10 @@ def _http(section: HttpSection, where: str, defaults: HttpOptions) -> HttpOption
     if section.headers:
         options = replace(options, headers=tuple(section.headers.items()))
     for name, secret in section.header_files.items():
-        if not Path(secret).is_file():
-            raise ConfigError(f"{where}.header_files.{name}: {secret} is not a readable file")
+        try:
+            secret_from_file(secret)  # usable now; re-read at every probe (rotation)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}.header_files.{name}: {exc}") from None
     if section.header_files:
         options = replace(options, header_files=tuple(
             (name, str(path)) for name, path in section.header_files.items()))

@@ -21,6 +21,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from colossalai_exporter.configfile import secret_from_file
+from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.probe.config import TLSOptions
 from colossalai_exporter.probe.targets import Address, Target
 from colossalai_exporter.version import __version__
@@ -159,11 +161,9 @@ def _header_values(headers: tuple[tuple[str, str], ...],
     values.update(headers)
     for name, path in header_files:
         try:
-            with open(path, encoding="utf-8") as handle:
-                values[name] = handle.read().strip()
-        except OSError as exc:
-            raise ProbeFailure("config", f"cannot read header file for {name}: "
-                               f"{exc.strerror}") from None
+            values[name] = secret_from_file(path)
+        except ConfigError as exc:
+            raise ProbeFailure("config", f"header file for {name}: {exc}") from None
     return values
 
 
