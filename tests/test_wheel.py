@@ -36,6 +36,13 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with zipfile.ZipFile(wheel) as archive:
         names = set(archive.namelist())
     assert "colossalai_exporter/rulesgen/config.yml" in names
+    # The training extra must not make pip resolve another torch (issue 18).
+    (metadata_name,) = [n for n in names if n.endswith(".dist-info/METADATA")]
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = archive.read(metadata_name).decode().splitlines()
+    requires = [line for line in metadata if line.startswith("Requires-Dist:")]
+    assert requires and not [r for r in requires if "torch" in r or "colossalai" in r], requires
+    assert "Provides-Extra: training" in metadata
     # Test aids stay out of the product (issue 18): no fake NVML in the wheel.
     assert not [name for name in names if "fake" in name], names
     site = root / "site"
