@@ -121,6 +121,12 @@ def test_real_colossalai_run_finishes_with_checkpoints(tmp_path: Path,
     assert "rank 0 finished after 30 steps, last checkpoint at step 30" in out, out
     assert "rank 1 finished after 30 steps, last checkpoint at step 30" in out, out
     assert "rank 0 /health is 200: ok" in out, out
+    # A clean run says nothing alarming (issue 18): no "unreachable" while rank 0
+    # starts or after it ended, no rank "down", and it says how to stop and what next.
+    for noise in ("unreachable", "DOWN", "down", "no ranks seen yet"):
+        assert noise not in out, out
+    assert "Ctrl-C stops the ranks and the node agent" in out
+    assert "next: add --stall-after 100" in out
     assert {p.name for p in (tmp_path / "checkpoints").iterdir()} == {
         "step10.pt", "step20.pt", "step30.pt"}
 

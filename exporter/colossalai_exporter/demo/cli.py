@@ -149,6 +149,11 @@ def watch(args: argparse.Namespace, backend: str, what: str, workdir: Path, run_
         print(f"  agent health     {agent_base}/health")
     print(f"  run directory    {run_dir}   (rank snapshots, stall evidence)")
     print(f"  training log     {workdir / 'train.log'}", flush=True)
+    if args.stall_after:
+        lasts = f"for {args.stall_for:g} s" if args.stall_for else "until you press Ctrl-C"
+        print(f"  every rank stops stepping after step {args.stall_after}, {lasts}; watch "
+              f"/health turn 503 about {args.step_timeout:g} s later", flush=True)
+    print("  Ctrl-C stops the ranks and the node agent", flush=True)
     if args.agent_port and not wait_for_http(agent_base + "/health", agent, 15):
         print(f"node agent did not come up: see {workdir / 'agent.log'}", flush=True)
     summary = Summary(run_dir, base + "/health",
@@ -164,4 +169,7 @@ def watch(args: argparse.Namespace, backend: str, what: str, workdir: Path, run_
     print(f"training ended ({backend}), exit codes {codes}, logs in {workdir}:", flush=True)
     for line in describe(summary.snapshots()):
         print(f"  {line}", flush=True)
+    if not args.stall_after:
+        print("next: add --stall-after 100 to see a stall reach /health and the node agent; "
+              "docs/deploy.md wires Prometheus, the rules and Alertmanager", flush=True)
     return 0 if all(code == 0 for code in codes) else 1

@@ -53,6 +53,9 @@ def health(url: str) -> tuple[int | None, str]:
     return response.status_code, str(reason or status or "")
 
 
+NO_RANKS_YET = "no ranks seen yet"
+
+
 def agent_view(metrics_url: str) -> str:
     """The node agent's verdict on each rank: ``rank 0 up, stalled; rank 1 up``."""
     try:
@@ -62,17 +65,23 @@ def agent_view(metrics_url: str) -> str:
         return f"unreachable ({type(exc).__name__})"
     up: dict[str, float] = {}
     stalled: dict[str, float] = {}
+    phase: dict[str, str] = {}
     for fam in text_string_to_metric_families(response.text):
         for sample in fam.samples:
             if sample.name == "colossalai_rank_up":
                 up[sample.labels["rank"]] = sample.value
             elif sample.name == "colossalai_training_stalled":
                 stalled[sample.labels["rank"]] = sample.value
+            elif sample.name == "colossalai_training_phase" and sample.value:
+                phase[sample.labels["rank"]] = sample.labels["phase"]
     if not up:
-        return "no ranks seen yet"
+        return NO_RANKS_YET
     words = []
     for rank in sorted(up, key=int):
-        word = f"rank {rank} {'up' if up[rank] else 'DOWN'}"
+        # A rank whose process ended after finishing (or failing) is not "down": the
+        # agent's rank_up says the process is gone, its last phase says why.
+        ended = phase.get(rank) if phase.get(rank) in ("finished", "failed") else None
+        word = f"rank {rank} {ended or ('up' if up[rank] else 'DOWN')}"
         if stalled.get(rank):
             word += ", stalled"
         words.append(word)
@@ -90,6 +99,8 @@ class Summary:
     _health: tuple[int | None, str] | None = None
     _evidence: set[Path] = field(default_factory=set)
     _agent: str | None = None
+    #: rank 0's server answered once: "unreachable" before that is start-up, not news
+    _reached: bool = False
 
     def snapshots(self) -> list[Snapshot]:
         return read_all_snapshots(self.run_dir)
@@ -98,7 +109,8 @@ class Summary:
         """The lines to print now: one per rank, then any events since the last look."""
         now = time.time() if now is None else now
         lines = []
-        for snap in self.snapshots():
+        snaps = self.snapshots()
+        for snap in snaps:
             rank, steps = snap.rank, snap.steps
             previous = self._last.get(rank)
             rate = None
@@ -106,16 +118,20 @@ class Summary:
                 rate = (steps - previous[1]) / (now - previous[0])
             self._last[rank] = (now, steps)
             lines.append(rank_line(snap, now, rate))
-        lines += self.events()
+        lines += self.events(snaps)
         return lines
 
-    def events(self) -> list[str]:
+    def events(self, snaps: list[Snapshot] | None = None) -> list[str]:
         lines = []
         if self.health_url:
             state = health(self.health_url)
+            code, reason = state
+            # Not news: no server yet while rank 0 starts, or none any more once rank 0
+            # has ended.
+            quiet = code is None and (not self._reached or _rank0_ended(snaps or []))
+            self._reached = self._reached or code is not None
             # A change of status code is news; the reason's seconds ticking up is not.
-            if self._health is None or state[0] != self._health[0]:
-                code, reason = state
+            if not quiet and (self._health is None or code != self._health[0]):
                 if code is None:
                     lines.append(f"rank 0 /health is unreachable ({reason})")
                 else:
@@ -127,10 +143,18 @@ class Summary:
                 lines.append(f"stall evidence written: {path}")
         if self.agent_metrics_url:
             view = agent_view(self.agent_metrics_url)
+            if view == NO_RANKS_YET and self._agent is None:
+                return lines  # the ranks are starting: nothing to say yet
             if view != self._agent:
                 lines.append(f"node agent sees: {view}")
                 self._agent = view
         return lines
+
+
+def _rank0_ended(snaps: list[Snapshot]) -> bool:
+    """Rank 0 finished or failed: its server stops with it (the last snapshot says so
+    before the server goes, TrainingMonitor.close)."""
+    return any(snap.rank == 0 and snap.phase in ("finished", "failed") for snap in snaps)
 
 
 def describe(snaps: list[Snapshot]) -> list[str]:

@@ -355,10 +355,12 @@ class TrainingMonitor:
         if self._thread is not None:
             self._thread.join(5)
         self._heartbeats.stop()
+        # The last snapshot before the server goes: whoever sees rank 0's server gone
+        # (the node agent, the demo) can already read why, "finished" or "failed".
+        self._publish_once()
         if self._server is not None:
             self._server.stop()
             self._server = None
-        self._publish_once()
 
     def __enter__(self) -> TrainingMonitor:
         return self
