@@ -27,7 +27,11 @@ DEFAULT_PORT = 9468
 def _run(argv: Sequence[str]) -> int:
     parser = ArgumentParser(prog="colossalai-exporter bridge",
                             description="Durable Alertmanager webhook receiver forwarding to "
-                                        "Vigilmon heartbeats and webhooks.")
+                                        "Vigilmon heartbeats and webhooks.",
+                            epilog="Also: 'colossalai-exporter bridge check --config.file "
+                                   "PATH' lists every problem of a config without starting; "
+                                   "'colossalai-exporter bridge outbox list|retry|drop' shows "
+                                   "and manages undelivered notifications.")
     add_common_flags(parser, DEFAULT_PORT)
     args = parser.parse_args(list(argv))
     if not args.config_file:
@@ -47,8 +51,11 @@ def _run(argv: Sequence[str]) -> int:
 
 
 def _check(argv: Sequence[str]) -> int:
-    parser = ArgumentParser(prog="colossalai-exporter bridge check")
-    parser.add_argument("--config.file", dest="config_file", required=True, metavar="PATH")
+    parser = ArgumentParser(prog="colossalai-exporter bridge check",
+                            description="Check a bridge config and list every problem (exit 2 "
+                                        "if there is one, 0 otherwise); starts nothing.")
+    parser.add_argument("--config.file", dest="config_file", required=True, metavar="PATH",
+                        help="the bridge config to check")
     args = parser.parse_args(list(argv))
     problems, warnings = check_file(args.config_file)
     for line in [*problems, *warnings]:
@@ -71,10 +78,15 @@ def _ids(values: Sequence[str], all_: bool) -> list[int] | None:
 
 
 def _outbox(argv: Sequence[str]) -> int:
-    parser = ArgumentParser(prog="colossalai-exporter bridge outbox")
-    parser.add_argument("action", choices=("list", "retry", "drop"))
+    parser = ArgumentParser(prog="colossalai-exporter bridge outbox",
+                            description="Show or manage the deliveries not yet made: list "
+                                        "them, move dead letters back to the outbox, or drop "
+                                        "them. Safe while the bridge runs.")
+    parser.add_argument("action", choices=("list", "retry", "drop"),
+                        help="list the deliveries, retry dead letters, or drop deliveries")
     parser.add_argument("ids", nargs="*", help="delivery ids (see list)")
-    parser.add_argument("--config.file", dest="config_file", required=True, metavar="PATH")
+    parser.add_argument("--config.file", dest="config_file", required=True, metavar="PATH",
+                        help="the bridge's config (its state_dir holds the outbox)")
     parser.add_argument("--dead", action="store_true",
                         help="the dead-letter table instead of the pending outbox "
                              "(retry always moves dead letters back)")

@@ -202,7 +202,8 @@ def add_node_flags(parser: argparse.ArgumentParser) -> None:
                         help="rendezvous/store endpoint (repeatable); default "
                              "$MASTER_ADDR:$MASTER_PORT, else 127.0.0.1:29500")
     parser.add_argument("--rendezvous.timeout", dest="rendezvous_timeout", type=float,
-                        default=None, metavar="SECONDS")
+                        default=None, metavar="SECONDS",
+                        help="deadline for one rendezvous connect (default 2)")
     parser.add_argument("--ranks.run-dir", dest="ranks_run_dir", default=None, metavar="PATH",
                         help="where local training ranks publish their state snapshots "
                              "(default $COLOSSALAI_EXPORTER_RUN_DIR, else "
