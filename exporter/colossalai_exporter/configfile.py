@@ -242,6 +242,10 @@ def _decoder(base: Path) -> Callable[[type, Any], Any]:
                 raise TypeError(f"expected a path, got {value!r}")
             path = Path(value).expanduser()
             return ConfigPath(path if path.is_absolute() else base / path)
+        # A type of one component's own (the rules' Prometheus Duration) parses itself.
+        from_config = getattr(kind, "from_config", None)
+        if from_config is not None:
+            return from_config(value)
         raise NotImplementedError(kind)
 
     return dec_hook
@@ -317,9 +321,10 @@ def _unwrap(kind: Any) -> Any:
         return kind
 
 
-def convert(data: Any, kind: type[T], source: str, base: Path | None = None,
+def convert(data: Any, kind: type[T], source: str = "", base: Path | None = None,
             at: str = "") -> T:
-    """``data`` (parsed YAML) as ``kind``; ConfigError naming ``source`` and the key.
+    """``data`` (parsed YAML) as ``kind``; ConfigError naming ``source`` (when given)
+    and the key.
 
     ``at`` is where ``data`` sits in the file (``modules.chat``), for a part
     converted on its own: msgspec names a map's keys only as ``[...]``.
@@ -328,7 +333,8 @@ def convert(data: Any, kind: type[T], source: str, base: Path | None = None,
         return msgspec.convert(data, kind, strict=True,
                                dec_hook=_decoder(base or Path.cwd()))
     except msgspec.ValidationError as exc:
-        raise ConfigError(f"{source}: {describe(exc, kind, at)}") from None
+        problem = describe(exc, kind, at)
+        raise ConfigError(f"{source}: {problem}" if source else problem) from None
 
 
 def load(path: str | Path, kind: type[T], what: str = "config file") -> T:

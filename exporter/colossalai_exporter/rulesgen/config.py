@@ -1,38 +1,46 @@
 """The rules config (``rules/config.yml``): typed, validated, every problem one line.
 
 The YAML file holds every value (thresholds, ``for`` windows, selectors, the
-runbook URL pattern); this module only knows the *shape*, as dataclasses, so
+runbook URL pattern); this module only knows the *shape*, as config-layer
+sections (:mod:`colossalai_exporter.configfile`: msgspec Structs that refuse
+unknown keys at any depth, with the wording every other config uses), so
 values live in one place. An override (a partial mapping, for example a test's
 short ``for`` windows) is merged over the base before validation, and both are
-checked the same way: an unknown key or a wrong type is a :class:`ConfigError`
-naming the file and the dotted key.
+checked the same way: a problem is a :class:`ConfigError` naming the file and
+the dotted key.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import typing
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from colossalai_exporter.configfile import parse_prometheus_duration, unknown_key
+import msgspec
+
+from colossalai_exporter import configfile
+from colossalai_exporter.configfile import Section, parse_prometheus_duration, unknown_key
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.flags import load_yaml_file
 
 
-@dataclass(frozen=True)
 class Duration:
-    """A Prometheus duration (``1h30m``), kept as written and in seconds."""
+    """A Prometheus duration (``1h30m``), kept as written and in seconds.
 
-    text: str
-    seconds: float
+    Not the layer's :class:`~colossalai_exporter.configfile.Seconds`: the rule files
+    carry the text as the user wrote it, so only Prometheus' own grammar is accepted
+    here (no plain numbers).
+    """
+
+    __slots__ = ("seconds", "text")
+
+    def __init__(self, text: str, seconds: float) -> None:
+        self.text = text
+        self.seconds = seconds
 
     @classmethod
     def parse(cls, text: str) -> Duration:
         """``Duration.parse("1h30m").seconds == 5400``; ValueError when malformed."""
-        # Prometheus' own grammar: the text is written into the rule files as it is.
         try:
             seconds = parse_prometheus_duration(text)
         except ValueError:
@@ -41,12 +49,29 @@ class Duration:
         # Whole seconds stay an int: dashboards write them into JSON as 7200, not 7200.0.
         return cls(text, int(seconds) if seconds.is_integer() else seconds)
 
+    @classmethod
+    def from_config(cls, value: object) -> Duration:
+        """The config layer's hook for this type (a TypeError or ValueError names the key)."""
+        if not isinstance(value, str):
+            raise TypeError(f"expected a Prometheus duration (like 30s, 5m, 1h30m), "
+                            f"got {value!r}")
+        return cls.parse(value)
+
     def __str__(self) -> str:
         return self.text
 
+    def __repr__(self) -> str:
+        return f"Duration({self.text!r})"
 
-@dataclass(frozen=True)
-class Selectors:
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Duration) and (self.text, self.seconds) == (other.text,
+                                                                             other.seconds)
+
+    def __hash__(self) -> int:
+        return hash((self.text, self.seconds))
+
+
+class Selectors(Section, frozen=True):
     """PromQL label matchers (without braces) that choose each component's series."""
 
     training: str
@@ -55,8 +80,7 @@ class Selectors:
     bridge: str
 
 
-@dataclass(frozen=True)
-class Thresholds:
+class Thresholds(Section, frozen=True):
     """Numbers the alerts compare against; each is commented in rules/config.yml."""
 
     straggler_ratio: float
@@ -82,8 +106,7 @@ class Thresholds:
     bridge_oldest_pending_age: Duration
 
 
-@dataclass(frozen=True)
-class Kubernetes:
+class Kubernetes(Section, frozen=True):
     """Metadata of the generated PrometheusRule object."""
 
     name: str
@@ -91,8 +114,7 @@ class Kubernetes:
     labels: dict[str, str]
 
 
-@dataclass(frozen=True)
-class RulesConfig:
+class RulesConfig(Section, frozen=True):
     """The whole rules config; see rules/config.yml for what each value means."""
 
     runbook_url: str
@@ -100,95 +122,13 @@ class RulesConfig:
     selectors: Selectors
     expected_jobs: list[str]
     thresholds: Thresholds
-    # keyed by alert name; the YAML key is ``for``
-    for_: dict[str, Duration]
+    #: keyed by alert name; the YAML key is ``for``
+    for_: dict[str, Duration] = msgspec.field(name="for")
     kubernetes: Kubernetes
 
     def runbook(self, alertname: str) -> str:
         """The runbook URL of one alert."""
         return self.runbook_url.format(anchor=alertname.lower(), alertname=alertname)
-
-
-def _yaml_key(field: dataclasses.Field[Any]) -> str:
-    return field.name.rstrip("_")
-
-
-def _type_name(tp: Any) -> str:
-    if tp is Duration:
-        return "a duration (like 30s, 5m, 1h30m)"
-    if tp is float:
-        return "a number"
-    if tp is int:
-        return "an integer"
-    if tp is str:
-        return "a string"
-    origin = typing.get_origin(tp)
-    if origin is list:
-        return "a list of strings"
-    if origin is dict:
-        return "a mapping"
-    return "a mapping"
-
-
-def _convert(value: Any, tp: Any, where: str) -> Any:
-    """``value`` as type ``tp``, or ConfigError naming ``where``."""
-    def wrong() -> ConfigError:
-        return ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
-
-    if tp is Duration:
-        if not isinstance(value, str):
-            raise wrong()
-        try:
-            return Duration.parse(value)
-        except ValueError as exc:
-            raise ConfigError(f"{where}: {exc}") from None
-    if dataclasses.is_dataclass(tp) and isinstance(tp, type):
-        if not isinstance(value, Mapping):
-            raise wrong()
-        return _build(tp, value, where)
-    # bool is an int in Python; `true` for a threshold is a mistake, not 1.
-    if isinstance(value, bool):
-        raise wrong()
-    if tp is float:
-        if not isinstance(value, int | float):
-            raise wrong()
-        return float(value)
-    if tp is int:
-        if isinstance(value, float) and value.is_integer():
-            return int(value)
-        if not isinstance(value, int):
-            raise wrong()
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            raise wrong()
-        return value
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is list:
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise wrong()
-        return list(value)
-    if origin is dict:
-        if not isinstance(value, Mapping):
-            raise wrong()
-        return {str(k): _convert(v, args[1], f"{where}.{k}") for k, v in value.items()}
-    raise TypeError(f"unsupported config type {tp!r}")  # a bug in this module, not input
-
-
-def _build(cls: type[Any], data: Mapping[str, Any], where: str) -> Any:
-    fields = {_yaml_key(f): f for f in dataclasses.fields(cls)}
-    hints = typing.get_type_hints(cls)
-    prefix = f"{where}." if where else ""
-    for key in data:
-        if key not in fields:
-            raise ConfigError(f"{where}: {unknown_key(key, fields)}" if where
-                              else unknown_key(key, fields))
-    kwargs: dict[str, Any] = {}
-    for key, field in fields.items():
-        if key not in data:
-            raise ConfigError(f"{prefix}{key}: missing")
-        kwargs[field.name] = _convert(data[key], hints[field.name], f"{prefix}{key}")
-    return cls(**kwargs)
 
 
 def merge(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
@@ -216,7 +156,7 @@ def _check_override_keys(base: Mapping[str, Any], override: Mapping[str, Any],
 
 def from_mapping(data: Mapping[str, Any], alerts: set[str] | None = None) -> RulesConfig:
     """Validate a complete config mapping; ``alerts`` are the names ``for`` must cover."""
-    config: RulesConfig = _build(RulesConfig, data, "")
+    config = configfile.convert(data, RulesConfig)
     if "{anchor}" not in config.runbook_url and "{alertname}" not in config.runbook_url:
         raise ConfigError("runbook_url: must contain {anchor} or {alertname}")
     try:
