@@ -201,7 +201,9 @@ def hang_suspects(t: Selector, n: Selector) -> tuple[Alert, Alert, Alert]:
     # A rank in start-up or a checkpoint has its own budget and alert, which say more
     # (TrainingStartupStuck, CheckpointStuck); finished and failed ranks wait for no one.
     def in_own_phase(sel: Selector) -> str:
-        return (f"unless ignoring (phase)\n  "
+        # on (job, instance, rank), not ignoring (phase): the vectors this excludes from
+        # carry labels of their own (activity, pg) that the phase series lacks.
+        return (f"unless on (job, instance, rank)\n  "
                 f"{sel('colossalai_training_phase', OWN_PHASES)} == 1")
 
     def elsewhere(sel: Selector) -> str:
