@@ -88,3 +88,77 @@ def test_never_imports_torch(tmp_path: Path) -> None:
                             text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["None", "False"]
+
+
+BEHIND_RANK = textwrap.dedent("""
+    import sys, threading, time
+    import torch
+    import torch.distributed as dist
+    from colossalai_exporter import TrainingMonitor
+
+    rank, run_dir, port = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    monitor = TrainingMonitor(rank=rank, local_rank=rank, world_size=2, serve="none",
+                              run_dir=run_dir, step_timeout=0.5, publish_interval=0.1)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + port, rank=rank,
+                            world_size=2)
+    sub = dist.new_group([0, 1])
+    x = torch.ones(4)
+    for _ in range(3):
+        with monitor.step():
+            dist.all_reduce(x)
+    dist.all_reduce(x, group=sub)
+    release = threading.Event()
+    if rank == 1:
+        release.wait(float(sys.argv[4]))   # frozen in its own compute: the culprit
+    dist.all_reduce(x)                     # rank 0 waits here for rank 1 (collective #4)
+    monitor.close()
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.slow
+def test_a_stalled_rank_behind_in_a_group_is_visible_from_its_snapshot(tmp_path: Path) -> None:
+    """Rank 1 frozen in compute, rank 0 waiting in the default group's all_reduce #4:
+    both stall, and their snapshots say how far each got in each process group, with
+    no recorder setting (torch 2.13 records gloo's collectives by default)."""
+    require(importlib.util.find_spec("torch") is not None, "torch (scripts/install-dev.sh)")
+    from colossalai_exporter.training.snapshot import read_all_snapshots
+    from conftest import wait_until
+
+    port, hold = str(free_port()), "30"
+    env = cli_env()
+    for name in flight_recorder.BUFFER_SIZE_VARIABLES:
+        env.pop(name, None)
+    log = (tmp_path / "ranks.log").open("w")
+    procs = [subprocess.Popen([sys.executable, "-c", BEHIND_RANK, str(rank), str(tmp_path),
+                               port, hold], env=env, stdout=log, stderr=log)
+             for rank in (0, 1)]
+    try:
+        def both_stalled_with_progress() -> dict[int, list[flight_recorder.GroupProgress]]:
+            snaps = {s.rank: s for s in read_all_snapshots(tmp_path)}
+            if len(snaps) == 2 and all(s.stalled and s.collectives for s in snaps.values()):
+                return {r: list(s.collectives or []) for r, s in snaps.items()}
+            return {}
+        progress = wait_until(both_stalled_with_progress, 60, interval=0.1,
+                              what="both ranks stalled, with their collectives")
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(10)
+        log.close()
+    default = {rank: next(g for g in groups if g.pg == "0") for rank, groups in progress.items()}
+    sub = {rank: next(g for g in groups if g.pg == "1") for rank, groups in progress.items()}
+    assert default[0].enqueued == 4 and default[0].op == "gloo:all_reduce", default
+    assert default[1].enqueued == 3, default     # the rank the other waits for is behind
+    assert sub[0].enqueued == sub[1].enqueued == 1, sub
+
+
+def test_progress_from_a_real_nccl_dump() -> None:
+    """The real NCCL dump in the fixtures (one H200, torch 2.11): its default group."""
+    dump = pickle.loads((Path(__file__).parent / "fixtures" / "nccl-2.28.9" /
+                         "fr_dump.pkl").read_bytes())
+    assert flight_recorder.parse_progress(dump) == [
+        flight_recorder.GroupProgress(pg="0", enqueued=200, op="nccl:all_reduce")]
+    assert flight_recorder.parse_progress({"version": "2.10"}) is None
+    assert flight_recorder.parse_progress({"pg_status": {"0": {
+        "last_enqueued_collective": -1}}}) == []

@@ -285,6 +285,12 @@ TRAINING: tuple[Metric, ...] = (
        "the run is stalled), data, checkpoint or compute; the c10d function of a "
        "collective; the innermost Python frame as file:line in function.",
        ("rank", "activity", "collective", "frame"), component="training"),
+    _m("colossalai_training_collective_enqueued", "gauge",
+       "Sequence number of the last collective the rank enqueued in process group pg "
+       "(op: its name, like gloo:all_reduce), from torch's flight recorder; present only "
+       "while the rank is stalled. In a stalled run, a rank behind the others of a group "
+       "is the one they wait for.",
+       ("rank", "run", "pg", "op"), component="training"),
     _m("colossalai_training_activity_samples_total", "counter",
        "Samples of the rank's training thread taken while training (about one a "
        "second, by the monitor's publisher thread).", ("rank",), component="training"),

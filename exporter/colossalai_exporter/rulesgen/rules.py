@@ -181,7 +181,7 @@ def _waiting_text() -> str:
             "{{ end }}{{ end }}")
 
 
-def hang_suspects(t: Selector, n: Selector) -> tuple[Alert, Alert, Alert]:
+def hang_suspects(t: Selector, n: Selector) -> tuple[Alert, Alert, Alert, Alert]:
     """TrainingHangSuspect: the rank a stalled run waits for (training/activity.py).
 
     Waiting ranks are inside a collective or inside backward (where gradient
@@ -270,7 +270,42 @@ def hang_suspects(t: Selector, n: Selector) -> tuple[Alert, Alert, Alert]:
                              "{{ end }}"),
              waiting=_waiting_text(), last_error=_last_error()),
         _nodes_dash(), cause="nccl")
-    return outside, not_responding, nccl
+    return outside, not_responding, nccl, collectives_behind(t, n, answering, in_own_phase)
+
+
+def collectives_behind(t: Selector, n: Selector, answering: Callable[[Selector, str], str],
+                       in_own_phase: Callable[[Selector], str]) -> Alert:
+    """TrainingHangSuspect from torch's flight recorder (training/flight_recorder.py).
+
+    A collective completes on no rank before every rank of its process group has
+    enqueued it, so in a stalled run a rank that has enqueued fewer collectives in a
+    group than another rank of it is the one that rank waits for. This names the
+    rank where the activity cannot: with NCCL every rank's thread sits in a CUDA
+    synchronisation ("compute"), waiting ranks and culprit alike. The series exist
+    only while a rank is stalled, and carry their run and group themselves.
+    """
+    enqueued = "colossalai_training_collective_enqueued"
+    furthest = f"max by (run, pg) (\n  {n(enqueued)}\n  or\n  {t(enqueued)}\n)"
+
+    def behind(sel: Selector) -> str:
+        lower = (f"(\n  max without (op) (\n    {sel(enqueued)}\n  )\n"
+                 f"  < on (run, pg) group_left ()\n{indent(furthest)}\n)")
+        excluded = answering(sel, lower) + "\n" + in_own_phase(sel)
+        return f"(\n{indent(excluded)}\n)"
+
+    ahead = f"topk(1, {enqueued}{{run=%q,pg=%q}})"
+    return Alert(
+        "TrainingHangSuspect",
+        one_view_per_rank(behind, t, n),
+        "critical", "The rank a stalled training run is waiting for.",
+        fill("Rank [[$rank]][[of_run]] on [[$instance]] is the rank the others wait for: in "
+             "process group [[$pg]] it has enqueued collective #{{ $value }}, and other "
+             "ranks wait in [[ahead]].[[last_error]]",
+             ahead=(f'{{{{ with printf "{ahead}" $labels.run $labels.pg | query }}}}'
+                    '{{ with first . }}#{{ .Value }}{{ with .Labels.op }} ({{ . }}){{ end }}'
+                    "{{ end }}{{ else }}a later one{{ end }}"),
+             last_error=_last_error()),
+        _training_dash(), cause="collectives_behind")
 
 
 def one_view_per_rank(build: Callable[[Selector], str], t: Selector, n: Selector) -> str:

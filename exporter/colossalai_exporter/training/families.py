@@ -36,7 +36,8 @@ _OUTSIDE = (
     "colossalai_training_checkpointed_seconds_total", "colossalai_training_stalled",
     "colossalai_kernels_ready", "colossalai_kernel_build_failures_total",
     "colossalai_training_last_error_info", "colossalai_training_last_error_timestamp_seconds",
-    "colossalai_training_activity_info", "colossalai_training_activity_samples_total",
+    "colossalai_training_activity_info", "colossalai_training_collective_enqueued",
+    "colossalai_training_activity_samples_total",
     "colossalai_training_waiting_samples_total", "colossalai_gemini_oom_total",
     "colossalai_checkpoint_last_success_timestamp_seconds", "colossalai_checkpoint_last_step",
     "colossalai_checkpoint_failures_total",
@@ -111,6 +112,10 @@ class RankFamilies:
         add("colossalai_kernel_build_failures_total", [rank], snap.kernel_failures)
         self._last_error(snap, rank)
         self._activity(snap, rank, stalled)
+        if stalled:  # like the activity: only while stalled, when it does not move
+            for group in snap.collectives or ():
+                add("colossalai_training_collective_enqueued", [rank, run, group.pg, group.op],
+                    group.enqueued)
         add("colossalai_training_activity_samples_total", [rank], snap.activity_samples)
         add("colossalai_training_waiting_samples_total", [rank], snap.waiting_samples)
         for device in DEVICES:  # each device from 0, so the first OOM is an increase

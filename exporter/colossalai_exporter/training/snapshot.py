@@ -19,6 +19,7 @@ from typing import Final, Literal
 import msgspec
 
 from colossalai_exporter.training.activity import Activity
+from colossalai_exporter.training.flight_recorder import GroupProgress
 
 # The snapshot's format version. A reader takes every version up to its own (fields
 # added since have defaults) and refuses a newer one: a training image newer than
@@ -108,6 +109,8 @@ class Snapshot(msgspec.Struct, kw_only=True):
     reason: str = ""
     #: where the training thread was when this was written (training/activity.py)
     activity: Activity | None = None
+    #: while stalled: each process group's last enqueued collective (flight recorder)
+    collectives: list[GroupProgress] | None = None
     #: how often the publisher writes: a reader knows when the next one is overdue
     publish_interval: float | None = None
     #: the publisher's samples of the training thread while training, and how many
