@@ -223,9 +223,10 @@ def hang_suspects(t: Selector, n: Selector) -> tuple[Alert, Alert, Alert, Alert]
         )
     """) + "\n" + in_own_phase(n)
 
+    outside_named = f"(\n{indent(on_any_rank(elsewhere, t, n))}\n)\n{others_wait}"
     outside = Alert(
         "TrainingHangSuspect",
-        f"(\n{indent(on_any_rank(elsewhere, t, n))}\n)\n{others_wait}",
+        outside_named,
         "critical", "The rank a stalled training run is waiting for.",
         fill("Rank [[$rank]][[of_run]] on [[$instance]] is the rank the others wait for: "
              "it has made no step within its budget and is outside any collective, in "
@@ -270,11 +271,12 @@ def hang_suspects(t: Selector, n: Selector) -> tuple[Alert, Alert, Alert, Alert]
                              "{{ end }}"),
              waiting=_waiting_text(), last_error=_last_error()),
         _nodes_dash(), cause="nccl")
-    return outside, not_responding, nccl, collectives_behind(t, n, answering, in_own_phase)
+    behind = collectives_behind(t, n, answering, in_own_phase, outside_named)
+    return outside, not_responding, nccl, behind
 
 
 def collectives_behind(t: Selector, n: Selector, answering: Callable[[Selector, str], str],
-                       in_own_phase: Callable[[Selector], str]) -> Alert:
+                       in_own_phase: Callable[[Selector], str], outside_named: str) -> Alert:
     """TrainingHangSuspect from torch's flight recorder (training/flight_recorder.py).
 
     A collective completes on no rank before every rank of its process group has
@@ -282,7 +284,9 @@ def collectives_behind(t: Selector, n: Selector, answering: Callable[[Selector, 
     group than another rank of it is the one that rank waits for. This names the
     rank where the activity cannot: with NCCL every rank's thread sits in a CUDA
     synchronisation ("compute"), waiting ranks and culprit alike. The series exist
-    only while a rank is stalled, and carry their run and group themselves.
+    only while a rank is stalled, and carry their run and group themselves. A rank
+    the activity already names (outside any collective while others wait) is left to
+    that cause, whose description says more (its frame): one alert per culprit.
     """
     enqueued = "colossalai_training_collective_enqueued"
     furthest = f"max by (run, pg) (\n  {n(enqueued)}\n  or\n  {t(enqueued)}\n)"
@@ -296,7 +300,8 @@ def collectives_behind(t: Selector, n: Selector, answering: Callable[[Selector, 
     ahead = f"topk(1, {enqueued}{{run=%q,pg=%q}})"
     return Alert(
         "TrainingHangSuspect",
-        one_view_per_rank(behind, t, n),
+        f"(\n{indent(one_view_per_rank(behind, t, n))}\n)\nunless on (run, rank)\n"
+        f"(\n{indent(outside_named)}\n)",
         "critical", "The rank a stalled training run is waiting for.",
         fill("Rank [[$rank]][[of_run]] on [[$instance]] is the rank the others wait for: in "
              "process group [[$pg]] it has enqueued collective #{{ $value }}, and other "
