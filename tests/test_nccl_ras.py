@@ -264,6 +264,32 @@ def test_each_node_reports_its_communicators_and_its_own_ranks_problems() -> Non
                         ("3", "", "unresponsive", "10.0.0.2")}
 
 
+def test_a_missing_rank_of_a_run_wide_communicator_is_named_with_its_run() -> None:
+    """A node that died with its agent: the survivors' RAS lists its rank as missing.
+    In a communicator as large as the run (the default group: comm rank = training
+    rank) it is named, with the local ranks' run; in a smaller one it cannot be."""
+    body = with_missing(report(
+        communicator("0xa1", [rank(0, "10.0.0.1", 100, 10), rank(1, "10.0.0.1", 101, 10),
+                              rank(2, "10.0.0.2", 200, 10)], size=4)),
+        MISSING_RANK_1.replace('"rank": 1', '"rank": 3').replace("4242", "310")
+        .replace("10.0.0.2", "10.0.0.3"))
+    sub = with_missing(report(
+        communicator("0xb2", [rank(0, "10.0.0.1", 100, 10)], size=2)),
+        MISSING_RANK_1.replace("10.0.0.2", "10.0.0.3"))
+    for text, comm, expected in ((body, "0xa1", "3"), (sub, "0xb2", "")):
+        with ras_server(speaks_ras(text)) as port:
+            ras = collector(port, local_ranks=lambda: {100: 0, 101: 1},
+                            local_world=lambda: ("job-9", 4))
+            try:
+                got = samples(ras.collect(time.monotonic() + 5))
+            finally:
+                ras.close()
+        (missing,) = [s for s, _ in got["colossalai_nccl_rank_problem_info"]
+                      if s["rank_host"] == "10.0.0.3"]
+        assert (missing["comm"], missing["rank"], missing["run"]) == (comm, expected,
+                                                                        "job-9"), missing
+
+
 def test_nothing_listening_is_no_job_here_not_a_failure() -> None:
     ras = collector(free_port())
     try:

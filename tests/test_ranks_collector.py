@@ -64,7 +64,8 @@ def ranks(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
 
 def test_ranks_seen_from_outside(tmp_path: Path, ranks: list[subprocess.Popen[bytes]]) -> None:
     registry = CollectorRegistry()
-    registry.register(Adapter(RanksCollector(tmp_path, stale_after=1.5)))
+    collector = RanksCollector(tmp_path, stale_after=1.5)
+    registry.register(Adapter(collector))
 
     def value(name: str, rank: str, **labels: str) -> float | None:
         return registry.get_sample_value(name, {"rank": rank, **labels})
@@ -77,6 +78,10 @@ def test_ranks_seen_from_outside(tmp_path: Path, ranks: list[subprocess.Popen[by
         assert value("colossalai_training_phase", rank, phase="training") == 1
         assert value("colossalai_training_loss", rank) is None  # in-process only
         assert (value("colossalai_rank_snapshot_age_seconds", rank) or 99) < 1.5
+    # What the nccl collector learns of the node's live ranks: pids, run, world size.
+    assert sorted(collector.local_pids().values()) == [0, 1]
+    run, world_size = collector.local_world() or ("?", 0)
+    assert world_size == 2 and run, (run, world_size)
 
     # Frozen (SIGSTOP): the process exists, but its snapshot ages and the stall shows.
     frozen, killed = ranks

@@ -149,9 +149,10 @@ NODE: tuple[Metric, ...] = (
        "A problem RAS reports for a rank of this node, or for a missing rank of a "
        "communicator reported here (always 1): missing, unresponsive, dead, aborted, "
        "async_error, behind (fewer collectives than the communicator's most advanced "
-       "rank); with the communicator rank, its host, pid and the training rank when the pid "
-       "is a local rank's.",
-       ("comm", "comm_rank", "rank_host", "pid", "rank", "problem"), component="nccl"),
+       "rank); with the communicator rank, its host, pid, and the training rank when the pid "
+       "is a local rank's or the communicator spans the whole run (then its ranks are the "
+       "training ranks), and the local ranks' run.",
+       ("comm", "comm_rank", "rank_host", "pid", "rank", "run", "problem"), component="nccl"),
     _m("colossalai_nccl_rank_collectives_behind", "gauge",
        "Collectives a rank of this node has done fewer than its communicator's most "
        "advanced rank (present only when above 0).", ("comm", "comm_rank", "rank"),

@@ -75,7 +75,8 @@ def build_collectors(config: NodeConfig, gpu_worker: Worker | None = None,
 
         collectors.append(NcclRasCollector(
             config.nccl_ras.host, config.nccl_ras.port, config.nccl_timeout,
-            local_ranks=ranks.local_pids if ranks is not None else dict))
+            local_ranks=ranks.local_pids if ranks is not None else dict,
+            local_world=ranks.local_world if ranks is not None else lambda: None))
     return collectors
 
 

@@ -291,7 +291,11 @@ class NcclRasCollector:
     agent's event loop; a question still unanswered is not asked again.
     ``local_hosts`` are this node's addresses; ``local_ranks`` gives the training
     rank of each local pid (the ranks collector's snapshots), so that problems
-    carry the ``rank`` label the training series have.
+    carry the ``rank`` label the training series have. ``local_world`` gives the
+    local ranks' run and world size: a communicator of the world's size holds
+    every rank in order (torch creates it with the sorted ranks), so its rank
+    number is the training rank, and a missing rank on a node whose agent is gone
+    is still named, with its run.
     """
 
     name = "nccl"
@@ -300,10 +304,12 @@ class NcclRasCollector:
     def __init__(self, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT,
                  timeout: float = 3.0, local_hosts: frozenset[str] | None = None,
                  local_ranks: Callable[[], Mapping[int, int]] = dict,
+                 local_world: Callable[[], tuple[str, int] | None] = lambda: None,
                  ask: Callable[[str, int, float], tuple[str, str]] = query) -> None:
         self.host, self.port, self.timeout = host, port, timeout
         self.local_hosts = local_hosts if local_hosts is not None else node_addresses()
         self.local_ranks = local_ranks
+        self.local_world = local_world
         self._ask = ask
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nccl-ras")
         self._asking: Future[tuple[str, str]] | None = None
@@ -341,9 +347,15 @@ class NcclRasCollector:
         if report is None:
             return out
         pids = self.local_ranks()
+        run, world_size = self.local_world() or ("", 0)
 
         def local(rank: RasRank) -> bool:
             return rank.host in self.local_hosts or rank.pid in pids
+
+        def training_rank(comm: RasCommunicator, rank: RasRank) -> str:
+            if rank.pid in pids:
+                return str(pids[rank.pid])
+            return str(rank.rank) if world_size and comm.size == world_size else ""
 
         for comm in report.communicators:
             if report.detailed and not any(local(r) for r in comm.ranks + comm.missing):
@@ -356,16 +368,16 @@ class NcclRasCollector:
             for rank in comm.ranks:
                 if not local(rank):
                     continue
-                training = str(pids.get(rank.pid, ""))
+                training = training_rank(comm, rank)
                 for problem in rank.problems:
                     problems.add_metric([comm.comm, str(rank.rank), rank.host, str(rank.pid),
-                                         training, problem], {})
+                                         training, run, problem], {})
                 if rank.collectives < most:
                     behind.add_metric([comm.comm, str(rank.rank), training],
                                       float(most - rank.collectives))
             for rank in comm.missing:
                 problems.add_metric([comm.comm, str(rank.rank), rank.host, str(rank.pid),
-                                     str(pids.get(rank.pid, "")), rank.problems[0]], {})
+                                     training_rank(comm, rank), run, rank.problems[0]], {})
         return out
 
     def close(self) -> None:

@@ -145,6 +145,7 @@ class RanksCollector:
         self._lock = threading.Lock()
         self._reading: Future[RunDirLook] | None = None
         self._pids: dict[int, int] = {}  # pid -> rank of the live local ranks, last scrape
+        self._world: tuple[str, int] | None = None  # their run and world size, last scrape
 
     def begin(self, deadline: float) -> _Read:
         """Start reading the run directory; collect() waits for it."""
@@ -211,6 +212,7 @@ class RanksCollector:
             return [*self._empty(), self._errors_family()]
         now = self._clock()
         pids: dict[int, int] = {}
+        worlds: dict[tuple[str, int], int] = {}
         up = catalogue.gauge("colossalai_rank_up")
         age = catalogue.gauge("colossalai_rank_snapshot_age_seconds")
         stopped = catalogue.gauge("colossalai_rank_process_stopped")
@@ -229,6 +231,8 @@ class RanksCollector:
             label = [str(rank)]
             if alive:
                 pids[snap.pid] = rank
+                world = (snap.info.get("run", ""), snap.world_size)
+                worlds[world] = worlds.get(world, 0) + 1
             fresh = alive and snap_age <= stale_after
             up.add_metric(label, 1.0 if fresh else 0.0)
             age.add_metric(label, snap_age)
@@ -237,6 +241,7 @@ class RanksCollector:
                 alive_fam.add_metric(label, 1.0 if alive else 0.0)
             training.add(snap, now)
         self._pids = pids
+        self._world = max(worlds, key=worlds.__getitem__) if worlds else None
         served = training.families() if training.ranks else []  # no rank, no family
         return [up, age, stopped, alive_fam, self._errors_family(), *served]
 
@@ -244,6 +249,11 @@ class RanksCollector:
         """pid -> training rank of this node's live ranks, as the last scrape saw them
         (for the nccl collector, which learns pids from NCCL)."""
         return dict(self._pids)
+
+    def local_world(self) -> tuple[str, int] | None:
+        """(run, world size) of this node's live ranks (most of them, should they
+        differ), as the last scrape saw them; None without live ranks."""
+        return self._world
 
     def stale_limit(self, snap: Snapshot) -> float:
         """How old a live rank's snapshot may be before the rank counts as not answering.

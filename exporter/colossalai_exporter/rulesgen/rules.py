@@ -181,7 +181,7 @@ def _waiting_text() -> str:
             "{{ end }}{{ end }}")
 
 
-def hang_suspects(t: Selector, n: Selector) -> tuple[Alert, Alert, Alert, Alert]:
+def hang_suspects(t: Selector, n: Selector) -> tuple[Alert, Alert, Alert, Alert, Alert]:
     """TrainingHangSuspect: the rank a stalled run waits for (training/activity.py).
 
     Waiting ranks are inside a collective or inside backward (where gradient
@@ -272,7 +272,38 @@ def hang_suspects(t: Selector, n: Selector) -> tuple[Alert, Alert, Alert, Alert]
              waiting=_waiting_text(), last_error=_last_error()),
         _nodes_dash(), cause="nccl")
     behind = collectives_behind(t, n, answering, in_own_phase, outside_named)
-    return outside, not_responding, nccl, behind
+    return outside, not_responding, nccl, behind, unreachable(n, problem)
+
+
+def unreachable(n: Selector, problem: str) -> Alert:
+    """TrainingHangSuspect for a rank NCCL's RAS cannot reach and no node agent reports.
+
+    A node that died or dropped off the network takes its agent with it, so nothing
+    says its ranks are down; the other nodes' RAS still lists them as missing from
+    their communicators. In a communicator spanning the whole run the nccl collector
+    knows their training rank and run (node/nccl_ras.py). Every node reports the same
+    missing rank: one alert per rank. Only while the run is stalled.
+    """
+    missing = n(problem, 'problem=~"missing|unresponsive|dead"', 'rank!=""', 'run!=""')
+    seen = with_run(n("colossalai_rank_up"), n)
+    stalled_ranks = with_run(n("colossalai_training_stalled") + " == 1", n)
+    stalled = f"count by (run) (\n{indent(stalled_ranks)}\n)"
+    problem_query = (f'max by (problem) ({problem}{{run=%q,rank=%q,'
+                     f'problem=~"missing|unresponsive|dead"}})').replace('"', '\\"')
+    return Alert(
+        "TrainingHangSuspect",
+        f"(\n  max by (job, run, rank, rank_host, pid) (\n    {missing}\n  )\n"
+        f"  unless on (run, rank)\n{indent(seen, 4)}\n)\n"
+        f"and on (run)\n{stalled}",
+        "critical", "The rank a stalled training run is waiting for.",
+        fill("Rank [[$rank]][[of_run]] is the rank the others wait for: NCCL's RAS "
+             "service on the other nodes reports it [[what]] (pid [[$pid]] on "
+             "[[$rank_host]]), and no node agent reports it: its node is down or cut off "
+             "from the network.",
+             what=(f'{{{{ with printf "{problem_query}" $labels.run $labels.rank | query }}}}'
+                   "{{ with first . }}{{ .Labels.problem }}{{ end }}{{ else }}missing"
+                   "{{ end }}")),
+        _training_dash(), cause="unreachable")
 
 
 def collectives_behind(t: Selector, n: Selector, answering: Callable[[Selector, str], str],
