@@ -10,8 +10,9 @@ That names the culprit where the place its thread sits cannot: with NCCL,
 collectives return at once on the CPU and every rank's thread waits in some
 CUDA synchronisation, in "compute". torch 2.13 records gloo's collectives
 without any setting (checked on the CPU); older versions, and NCCL where its
-buffer is off, need ``TORCH_FR_BUFFER_SIZE``. Reading it costs about 0.1 ms
-(2 ranks, gloo; bench/RESULTS.md).
+buffer is off, need ``TORCH_FR_BUFFER_SIZE``. A stall's first read costs up
+to about 0.14 s with the buffer full (it names each group's last collective
+from the recorded entries), every later one about 10 us (bench/RESULTS.md).
 
 **Evidence** (:func:`dump`), when the run enabled the recorder explicitly:
 
@@ -95,10 +96,14 @@ class GroupProgress(msgspec.Struct, frozen=True, kw_only=True):
     op: str = ""
 
 
-def progress() -> list[GroupProgress] | None:
+def progress(known: list[GroupProgress] | None = None) -> list[GroupProgress] | None:
     """Every process group's progress on this rank; None when the process has no
     initialised torch.distributed or its torch records nothing.
 
+    Two reads: the groups' status alone (about 10 us), and the recorded entries only
+    when a group has moved since ``known`` (the last answer), to name its last
+    collective: the entries cost tens of milliseconds once the ring buffer is full
+    (2,000 by default; bench/RESULTS.md), and a stalled rank does not move.
     Errors from torch propagate: the caller counts them as the monitor's own.
     """
     distributed = sys.modules.get("torch.distributed")
@@ -112,9 +117,16 @@ def progress() -> list[GroupProgress] | None:
     else:
         return None
     # Our own process's memory, pickled by torch: plain dicts, lists and strings.
-    dump = pickle.loads(function(includeCollectives=True, includeStackTraces=False,
-                                 onlyActive=True))
-    return parse_progress(dump)
+    status = pickle.loads(function(includeCollectives=False, includeStackTraces=False,
+                                   onlyActive=True))
+    groups = parse_progress(status)
+    if groups is None or not groups:
+        return groups
+    if known is not None and [(g.pg, g.enqueued) for g in known] == [
+            (g.pg, g.enqueued) for g in groups]:
+        return known  # nothing moved: the names found before still hold
+    return parse_progress(pickle.loads(function(includeCollectives=True,
+                                                includeStackTraces=False, onlyActive=True)))
 
 
 def parse_progress(dump: Mapping[str, Any]) -> list[GroupProgress] | None:
