@@ -353,7 +353,7 @@ def one_view_per_rank(build: Callable[[Selector], str], t: Selector, n: Selector
     return f"{node}\nor\n(\n{indent(build(t))}\n  unless on (run, rank)\n{indent(node)}\n)"
 
 
-def goodput(t: Selector, n: Selector, window: str) -> tuple[Recording, Recording]:
+def goodput(t: Selector, n: Selector, window: str) -> tuple[Recording, Recording, Recording]:
     """Goodput over ``window`` per run (docs/rules.md, "Goodput", defines it).
 
     Kept seconds of each rank over the window: what its checkpoints saved within it,
@@ -363,14 +363,20 @@ def goodput(t: Selector, n: Selector, window: str) -> tuple[Recording, Recording
     handles; the work a crash loses is in neither term. The run's goodput is its
     ranks' mean kept seconds over the window, or over the run's age where it is
     younger (its first start within the window).
+
+    The checkpointed seconds' increase over the window is recorded first, once for
+    both views, and read three times by each view's kept seconds: over 24 h each
+    increase() decodes a day of samples a rank, and PromQL computes a repeated
+    subexpression again each time (bench/RESULTS.md, "Goodput over a day").
     """
     seconds = Duration.parse(window).seconds
     produced = "colossalai_training_productive_seconds_total"
     saved = "colossalai_training_checkpointed_seconds_total"
     start = "colossalai_training_start_timestamp_seconds"
+    saved_increase = f"rank:colossalai_training_checkpointed_seconds:increase{window}"
 
     def kept(sel: Selector) -> str:
-        increase = f"increase({sel(saved)}[{window}])"
+        increase = sel(saved_increase)
         zero = f"0 * {increase}"  # a series without the term: 0, not no result
         return expr(f"""
             (
@@ -410,7 +416,9 @@ def goodput(t: Selector, n: Selector, window: str) -> tuple[Recording, Recording
 {indent(live, 12)}
           )
     """)  # noqa: E501 - one selector a line reads better unbroken
-    return (Recording(per_rank, one_view_per_rank(kept, t, n)),
+    return (Recording(saved_increase, f"increase({n(saved)}[{window}])\nor\n"
+                                      f"increase({t(saved)}[{window}])"),
+            Recording(per_rank, one_view_per_rank(kept, t, n)),
             Recording(goodput_ratio(window), ratio))
 
 
