@@ -34,7 +34,11 @@ TRAINING_NOTE = """\
 The node agent serves each local rank's series below as well (job
 `colossalai-node`, seen from outside the process), except those marked
 *in-process only*: the rules need none of them, and leaving them out keeps the
-agent within 25 series per rank. `serve="local"` serves them for every rank.
+agent within 25 series per training rank. `serve="local"` serves them for every
+rank. A stalled rank adds, for as long as it is stalled, where its thread is
+(`colossalai_training_activity_info`) and one series per process group
+(`colossalai_training_collective_enqueued`): what names the rank a hang waits
+for, present only then so that healthy ranks pay nothing for it.
 """
 
 
