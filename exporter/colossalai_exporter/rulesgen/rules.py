@@ -66,6 +66,11 @@ def kept_seconds(window: str) -> str:
     """Productive step seconds each rank kept over ``window`` (the goodput's numerator)."""
     return f"run_rank:colossalai_training_kept_seconds:{window}"
 
+
+def checkpointed_increase(window: str) -> str:
+    """Each rank's checkpointed seconds' increase over ``window`` (read by kept_seconds)."""
+    return f"rank:colossalai_training_checkpointed_seconds:increase{window}"
+
 GPU_MEM_MAX = "instance:colossalai_gpu_memory_used_percent:max"
 HOST_MEM_AVAIL = "instance:colossalai_host_memory_available_bytes:percent"
 
@@ -373,7 +378,7 @@ def goodput(t: Selector, n: Selector, window: str) -> tuple[Recording, Recording
     produced = "colossalai_training_productive_seconds_total"
     saved = "colossalai_training_checkpointed_seconds_total"
     start = "colossalai_training_start_timestamp_seconds"
-    saved_increase = f"rank:colossalai_training_checkpointed_seconds:increase{window}"
+    saved_increase = checkpointed_increase(window)
 
     def kept(sel: Selector) -> str:
         increase = sel(saved_increase)
