@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -143,10 +144,36 @@ def stop_process(proc: subprocess.Popen[Any], timeout: float = 10.0) -> None:
         proc.wait(5)
 
 
-def free_port() -> int:
-    import socket
+def _ephemeral_ports() -> tuple[int, int]:
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999  # Linux's default
 
-    with socket.socket() as sock:
+
+_PORTS = random.Random(os.getpid())
+
+
+def free_port() -> int:
+    """A TCP port free on every address now, for a server the test starts next.
+
+    Chosen below the kernel's ephemeral range: a port from bind(("", 0)) is one the
+    kernel also hands out as the source port of outgoing connections (every HTTP poll
+    of a test, Prometheus' scrapes, another suite on the machine), so between this
+    call and the server's own bind it could be taken, and the server fail with
+    "Address already in use". Below the range only an explicit bind can take it.
+    """
+    low, _ = _ephemeral_ports()
+    for _ in range(200):
+        port = _PORTS.randrange(10000, max(low, 10001))
+        with socket.socket() as sock:
+            try:
+                sock.bind(("", port))  # all addresses: the training monitor binds 0.0.0.0
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # a machine whose low ports are all taken
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
