@@ -5,7 +5,7 @@ same client, so load from anything else falls on both alike. node_exporter is
 limited to its filesystem and meminfo collectors — the same ground the agent
 covers without a GPU (host memory and watched disks) — and the agent runs on
 defaults plus two watched paths (its gpu collector included: on a machine
-without a driver it fails fast with reason no_driver).
+without a driver or GPUs it serves zero GPUs from NVML's standing no_driver answer).
 
     python bench/node_scrape.py --scrapes 300
     python bench/node_scrape.py --scrapes 300 --ranks 8   # a node with 8 live ranks

@@ -57,6 +57,19 @@ def without_fake_nvml(env: Mapping[str, str]) -> dict[str, str]:
     return clean
 
 
+def fake_dev(path: Path, *names: str) -> Path:
+    """A folder standing for ``/dev`` (the gpu collector's ``dev_root``) holding ``names``.
+
+    The NVIDIA driver creates a character device per GPU (``/dev/nvidia0``, …) plus
+    ``nvidiactl`` and ``nvidia-uvm``; the collector only looks at the names, so
+    empty files stand for them (making real device nodes needs CAP_MKNOD).
+    """
+    path.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (path / name).touch()
+    return path
+
+
 def gpu(index: int, **overrides: Any) -> dict[str, Any]:
     """A fully supported fake GPU; ``overrides`` change or (with None) drop keys."""
     spec: dict[str, Any] = {

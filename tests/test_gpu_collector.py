@@ -27,6 +27,7 @@ from conftest import SOURCE_ROOT, cli_env, require_binary, wait_until
 from gpu_helpers import (
     Scenario,
     exposition,
+    fake_dev,
     fake_nvml_env,
     gpu,
     registry_of,
@@ -45,12 +46,17 @@ def scenario(tmp_path: Path) -> Scenario:
 
 
 @pytest.fixture
-def make(scenario: Scenario, monkeypatch: pytest.MonkeyPatch) -> Iterator[Make]:
+def make(scenario: Scenario, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[Make]:
+    """Collectors on a GPU node: a fake ``/dev`` with the driver's device nodes, so
+    no driver is a failure as on real GPU nodes, whatever this machine's ``/dev``
+    holds (the tests of a node without GPUs pass a ``dev_root`` of their own)."""
     made: list[GpuCollector] = []
     use_fake_nvml(monkeypatch, scenario.path)
+    gpu_node_dev = fake_dev(tmp_path / "dev", "nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm")
 
     def make(**kwargs: Any) -> GpuCollector:
         kwargs.setdefault("timeout", 1.0)
+        kwargs.setdefault("dev_root", gpu_node_dev)
         collector = GpuCollector(**kwargs)
         made.append(collector)
         return collector
@@ -173,13 +179,14 @@ def test_eight_gpus_stay_within_the_series_budget_and_lint_clean(scenario: Scena
     ("nvmlDeviceGetCount", 4, "nvml_error"),           # NO_PERMISSION
 ])
 def test_nvml_errors_become_reasons(scenario: Scenario, make: Make, where: str, code: int,
-                                    reason: str) -> None:
+                                    reason: str, tmp_path: Path) -> None:
     scenario.write(gpus=[gpu(0)], errors={where: code})
     error = failure(make())
     assert error.reason == reason
     assert error.families == []
     if reason == "no_driver":
-        assert "no NVIDIA driver found" in error.message
+        assert error.message.startswith("no NVIDIA driver found")
+        assert f"yet {tmp_path / 'dev' / 'nvidia0'} exists" in error.message
     else:
         assert f"NVML error {code}" in error.message
 
@@ -214,6 +221,90 @@ def test_no_driver_stands_for_its_recheck_interval_without_asking_the_worker(
     assert time.monotonic() - start < 0.1
     time.sleep(0.5)
     assert collect(collector).get_sample_value("colossalai_gpu_devices") == 1
+
+
+NO_DRIVER = {"nvmlInit": 9}  # DRIVER_NOT_LOADED, as on a machine without the kernel module
+
+
+@pytest.mark.parametrize("expected", [None, 0])
+def test_no_driver_on_a_node_without_gpus_is_zero_gpus_not_a_failure(
+        scenario: Scenario, make: Make, tmp_path: Path, expected: int | None) -> None:
+    # A CPU-only node: no driver, and its /dev has none of the driver's device nodes.
+    scenario.write(errors=NO_DRIVER)
+    dev = fake_dev(tmp_path / "cpu-dev", "null", "nvme0", "nvme0n1", "tty0")
+    reg = collect(make(dev_root=dev, expected=expected))
+    text = exposition(list(reg.collect()))
+    assert series(text) == (["colossalai_gpu_devices 0.0"] if expected is None else
+                            ["colossalai_gpu_devices 0.0", "colossalai_gpu_expected_devices 0.0"])
+
+
+def test_no_driver_with_a_gpu_device_node_is_a_failure(scenario: Scenario, make: Make,
+                                                       tmp_path: Path) -> None:
+    # The device node is what the driver leaves behind: a GPU node whose driver broke.
+    scenario.write(errors=NO_DRIVER)
+    for nodes in (["nvidia0"], ["nvidia7", "nvidiactl"]):
+        dev = fake_dev(tmp_path / f"dev-{nodes[0]}", *nodes)
+        error = failure(make(dev_root=dev))
+        assert error.reason == "no_driver"
+        assert f"yet {dev / nodes[0]} exists" in error.message
+        assert error.families == []
+    # The driver's other nodes say nothing about GPUs.
+    dev = fake_dev(tmp_path / "dev-ctl", "nvidiactl", "nvidia-uvm", "nvidia-caps")
+    assert collect(make(dev_root=dev)).get_sample_value("colossalai_gpu_devices") == 0
+
+
+def test_no_driver_with_gpus_expected_is_a_failure(scenario: Scenario, make: Make,
+                                                   tmp_path: Path) -> None:
+    scenario.write(errors=NO_DRIVER)
+    error = failure(make(dev_root=fake_dev(tmp_path / "cpu-dev"), expected=2))
+    assert error.reason == "no_driver"
+    assert "yet 2 GPUs expected" in error.message
+    assert error.families == []
+
+
+def test_a_driver_that_vanishes_after_gpus_were_seen_is_a_failure(
+        scenario: Scenario, make: Make, tmp_path: Path) -> None:
+    # No device nodes either (a container that lost them, say): what this collector
+    # saw earlier is enough to know the node has GPUs.
+    collector = make(dev_root=fake_dev(tmp_path / "cpu-dev"), no_driver_recheck=0)
+    assert collect(collector).get_sample_value("colossalai_gpu_devices") == 2
+    scenario.update(errors=NO_DRIVER)
+    # The worker keeps NVML initialised: the fake says so only at a fresh nvmlInit,
+    # so make the next sample re-initialise it, as a lost GPU does.
+    scenario.update(gpus=[gpu(0, lost=True), gpu(1)])
+    assert failure(collector).reason == "gpu_lost"
+    error = failure(collector)
+    assert error.reason == "no_driver"
+    assert "yet GPUs were seen since the agent started" in error.message
+
+
+def test_the_judgement_of_no_driver_stands_and_is_made_again_at_the_recheck(
+        scenario: Scenario, make: Make, tmp_path: Path) -> None:
+    """The standing no_driver answer keeps its judgement (no GPU node: zero GPUs)
+    without asking the worker or listing /dev; at the recheck both are asked again."""
+    scenario.write(errors=NO_DRIVER)
+    dev = fake_dev(tmp_path / "cpu-dev")
+    collector = make(dev_root=dev, no_driver_recheck=1.0)
+    assert collect(collector).get_sample_value("colossalai_gpu_devices") == 0
+    answered = time.monotonic()  # the answer stands until about 1 s after this
+    fake_dev(dev, "nvidia0")  # the driver's device node appears (modprobe, say)
+    pending = collector.begin(time.monotonic() + 2)
+    # Ready at once: no request went to the worker.
+    assert pending is not None and pending.ready()
+    if time.monotonic() - answered < 0.8:  # still standing (a busy machine may be late)
+        assert collect(collector, pending=pending).get_sample_value(
+            "colossalai_gpu_devices") == 0
+    error = wait_until(lambda: _no_driver_failure(collector), 5,
+                       what="no_driver to be judged again with /dev/nvidia0 present")
+    assert error.message.endswith(f"yet {dev / 'nvidia0'} exists (asked again every 1s)")
+
+
+def _no_driver_failure(collector: GpuCollector) -> CollectorError | None:
+    try:
+        collector.collect(time.monotonic() + 2.0)
+    except CollectorError as error:
+        return error if error.reason == "no_driver" else None
+    return None
 
 
 def test_lost_gpu_fails_that_scrape_then_nvml_is_reinitialised(scenario: Scenario,

@@ -16,7 +16,7 @@ from colossalai_exporter import catalogue
 from colossalai_exporter.node.base import CollectorError
 from colossalai_exporter.node.gpu import GpuCollector
 from conftest import cli_env, http_get, require_binary, wait_until
-from gpu_helpers import registry_of, without_fake_nvml
+from gpu_helpers import fake_dev, registry_of, without_fake_nvml
 from test_node_agent import scrape, value
 
 
@@ -43,10 +43,11 @@ def _nvml_works() -> bool:
         pynvml.nvmlShutdown()
 
 
-def test_without_a_driver_the_real_pynvml_reports_no_driver() -> None:
+def test_without_a_driver_the_real_pynvml_reports_no_driver(tmp_path: Path) -> None:
+    """On a GPU node (a /dev with the driver's device node) no driver is a failure."""
     if _nvml_library_loads():
         pytest.skip("libnvidia-ml is installed here: this test is for machines without one")
-    collector = GpuCollector(timeout=2.0)
+    collector = GpuCollector(timeout=2.0, dev_root=fake_dev(tmp_path / "dev", "nvidia0"))
     try:
         start = time.monotonic()
         with pytest.raises(CollectorError) as info:
@@ -57,6 +58,19 @@ def test_without_a_driver_the_real_pynvml_reports_no_driver() -> None:
     assert info.value.reason == "no_driver"
     assert info.value.message.startswith("no NVIDIA driver found")
     assert info.value.families == []
+
+
+def test_without_a_driver_or_gpu_device_nodes_the_real_pynvml_gives_zero_gpus(
+        tmp_path: Path) -> None:
+    if _nvml_library_loads():
+        pytest.skip("libnvidia-ml is installed here: this test is for machines without one")
+    collector = GpuCollector(timeout=2.0, dev_root=fake_dev(tmp_path / "dev", "null"))
+    try:
+        reg = registry_of(collector.collect(time.monotonic() + 2.0))
+    finally:
+        collector.close()
+    assert reg.get_sample_value("colossalai_gpu_devices") == 0
+    assert reg.get_sample_value("colossalai_gpu_memory_total_bytes", {"gpu": "0"}) is None
 
 
 @pytest.mark.gpu

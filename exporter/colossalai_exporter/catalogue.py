@@ -85,7 +85,8 @@ def _m(
 # ---------------------------------------------------------------------------
 NODE: tuple[Metric, ...] = (
     _m("colossalai_gpu_devices", "gauge",
-       "Number of GPUs NVML reports on this node.", ()),
+       "Number of GPUs NVML reports on this node; 0 on a node without GPUs (no NVIDIA "
+       "driver, no /dev/nvidia0 and the like, none expected).", ()),
     _m("colossalai_gpu_expected_devices", "gauge",
        "Number of GPUs this node is expected to have (--gpu.expected); absent when not set.", ()),
     _m("colossalai_gpu_info", "info",

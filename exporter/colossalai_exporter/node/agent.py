@@ -197,20 +197,15 @@ class Agent:
     def health(self) -> tuple[bool, list[dict[str, str]]]:
         """(healthy, problems) from the last scrape of each collector.
 
-        Degraded only for what is wrong: a collector that failed (unless the
-        collector says the reason is not wrong here, like no NVIDIA driver on a
-        node where no GPU is expected), and what a working collector found wrong
-        (a watched checkpoint or offload path that is missing, read-only or hung).
+        Degraded only for what is wrong: a collector that failed, and what a
+        working collector found wrong (a watched checkpoint or offload path that
+        is missing, read-only or hung). What is not wrong on this node is no
+        failure to begin with (no NVIDIA driver on a node without GPUs: the gpu
+        collector serves zero GPUs).
         """
-        by_name = {c.name: c for c in self.collectors}
         with self._lock:
-            failed = [(name, s.reason, s.message) for name, s in self.states.items()
-                      if not s.up]
-        problems = []
-        for name, reason, message in failed:
-            tolerates = getattr(by_name.get(name), "tolerates", None)
-            if tolerates is None or not tolerates(reason):
-                problems.append({"collector": name, "reason": reason, "message": message})
+            problems = [{"collector": name, "reason": s.reason, "message": s.message}
+                        for name, s in self.states.items() if not s.up]
         for collector in self.collectors:
             found = getattr(collector, "problems", None)
             if found is not None and self.states.get(collector.name, CollectorState()).up:

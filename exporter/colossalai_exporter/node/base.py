@@ -73,8 +73,9 @@ class NodeCollector(Protocol):
 # Optional on a collector, read by the agent's /health (getattr with a default):
 #   problems() -> list[dict[str, str]]  what is wrong although the collector works
 #                                       (a watched path that is missing or hung)
-#   tolerates(reason: str) -> bool      a failure reason that is not wrong on this
-#                                       node (no NVIDIA driver where no GPU is expected)
+# A collector whose failure would not be wrong on some node does not fail there
+# (the gpu collector without a driver on a node without GPUs serves zero GPUs):
+# collector_up, the alerts and /health then agree.
 
 
 class BegunCollector(NodeCollector, Protocol):

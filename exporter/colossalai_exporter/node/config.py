@@ -20,6 +20,8 @@ Example ``node.yml`` (every key optional)::
 
 Environment: ``CHECKPOINT_DIR`` and ``NVME_PATH`` (the tutorial's) name the
 default disks, ``MASTER_ADDR``/``MASTER_PORT`` the default rendezvous target.
+Without a flag, a file's ``disks`` or these variables, the agent watches the
+built-in :data:`DEFAULT_DISKS`, each only where it exists (see node/disk.py).
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ from colossalai_exporter.node.rendezvous import Endpoint
 
 COLLECTORS = ("gpu", "host", "disk", "rendezvous", "ranks", "nccl")
 DEFAULT_PORT = 9466
+#: (name, environment variable naming its path, the built-in path when it is unset)
+#: for the disks watched when no flag or config file names any: the tutorial's
+DEFAULT_DISKS: tuple[tuple[str, str, str], ...] = (
+    ("checkpoints", "CHECKPOINT_DIR", "/checkpoints"),
+    ("nvme_offload", "NVME_PATH", "/nvme"),
+)
 
 
 @dataclass
@@ -177,9 +185,12 @@ def _count(value: Any, where: str) -> int:
 
 def apply_environment(config: NodeConfig, env: Mapping[str, str]) -> None:
     if not config.disks:
+        # A path from the environment was named by the user: missing, it is a failure.
+        # The built-in one was not: it is watched only where it exists.
         config.disks = [
-            WatchedPath("checkpoints", env.get("CHECKPOINT_DIR") or "/checkpoints"),
-            WatchedPath("nvme_offload", env.get("NVME_PATH") or "/nvme"),
+            WatchedPath(name, env[variable]) if env.get(variable)
+            else WatchedPath(name, builtin, default=True)
+            for name, variable, builtin in DEFAULT_DISKS
         ]
     ras = env.get("NCCL_RAS_ADDR")
     if ras and config.nccl_ras == Endpoint("127.0.0.1", 28028):
@@ -193,7 +204,8 @@ def apply_environment(config: NodeConfig, env: Mapping[str, str]) -> None:
 def add_node_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--disk", action="append", default=[], metavar="NAME=PATH",
                         help="watch a path (repeatable); default checkpoints=$CHECKPOINT_DIR "
-                             "and nvme_offload=$NVME_PATH")
+                             "and nvme_offload=$NVME_PATH, else /checkpoints and /nvme "
+                             "where they exist")
     parser.add_argument("--disk.mount-point", dest="disk_mount", action="append", default=[],
                         metavar="NAME=PATH",
                         help="watch a path that must be a mount point (an NVMe offload mount)")

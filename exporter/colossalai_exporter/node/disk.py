@@ -15,6 +15,13 @@ thread each, so that only the hung path is reported ``timeout``. A path whose
 check from an earlier scrape has not returned is not checked again: later
 scrapes wait for that same check, so a hung mount holds one thread, not one
 more per scrape.
+
+The built-in default paths (``/checkpoints`` and ``/nvme``, watched when no
+flag, config file or environment variable names a path) are watched only
+where they exist: a node on defaults that has neither is not broken, and
+nobody asked for them. Each scrape still looks, so a mount that comes up
+later is watched from then on. A path the user named that is missing is a
+failure (``missing``), as any other.
 """
 
 from __future__ import annotations
@@ -51,6 +58,9 @@ class WatchedPath:
     #: the path must be a mount point (an NVMe offload mount, say): a plain
     #: directory left behind when the mount is missing is then a failure
     mount_point: bool = False
+    #: a built-in default nobody named (no flag, config file or environment
+    #: variable): watched only while it exists, so a node without it stays quiet
+    default: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,12 @@ def check_path(watched: WatchedPath) -> PathStatus:
     if not os.access(watched.path, os.W_OK | os.X_OK) or vfs.f_flag & os.ST_RDONLY:
         return PathStatus(False, "not_writable", free, total)
     return PathStatus(True, "", free, total)
+
+
+def watched_now(watched: WatchedPath, status: PathStatus) -> bool:
+    """Whether ``watched`` is reported this scrape: always, unless it is a built-in
+    default that does not exist (yet: a mount that comes up later is watched then)."""
+    return not (watched.default and status.reason == "missing")
 
 
 class _Check:
@@ -180,12 +196,15 @@ class DiskCollector:
                                          if check.status is None)
                 self._cond.wait((end if separated else fallback_at) - now)
             statuses = [check.status or PathStatus(False, "timeout") for check in scrape.checks]
-            self._last = list(zip(self.paths, statuses, strict=True))
+            watched_paths = [(watched, status)
+                             for watched, status in zip(self.paths, statuses, strict=True)
+                             if watched_now(watched, status)]
+            self._last = watched_paths
         free = catalogue.gauge("colossalai_disk_free_bytes")
         total = catalogue.gauge("colossalai_disk_total_bytes")
         ok = catalogue.gauge("colossalai_disk_path_ok")
         failure = catalogue.info("colossalai_disk_path_failure_info")
-        for watched, status in zip(self.paths, statuses, strict=True):
+        for watched, status in watched_paths:
             labels = [watched.name, watched.path]
             ok.add_metric(labels, 1.0 if status.ok else 0.0)
             if not status.ok:

@@ -7,6 +7,13 @@ most ``timeout`` seconds). If no answer comes, the scrape fails with reason
 next scrape does not queue behind a call that may never return. See
 ``docs/gpu.md`` for the whole design.
 
+No NVIDIA driver (reason ``no_driver``) is a node without GPUs, not a
+failure, where nothing says a GPU should be there: ``expected`` unset or 0, no
+``/dev/nvidia0``-style device node (the driver creates one per GPU), and no GPU
+seen since the collector started. The collector then serves
+``colossalai_gpu_devices 0`` and is up, so a CPU-only node does not page.
+Anywhere else no driver is a failure, as a broken driver on a GPU node is.
+
 Example::
 
     collector = GpuCollector(timeout=5.0, expected=8)
@@ -21,6 +28,8 @@ Example::
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import select
 import subprocess
 import threading
@@ -53,6 +62,9 @@ if TYPE_CHECKING:
 
 # How soon a scrape waiting on the event loop looks again at a pipe it could not read.
 RETRY_SECONDS = 0.002
+# The device nodes the NVIDIA driver creates, one per GPU (/dev/nvidia0, …); not
+# nvidiactl, nvidia-uvm or nvidia-caps, which say nothing about how many GPUs.
+GPU_DEVICE_NODE = re.compile(r"nvidia[0-9]")
 
 
 class _Request:
@@ -132,7 +144,11 @@ class GpuCollector:
         agent's own deadline may cut it shorter).
     :param expected: GPUs this node must have (``--gpu.expected``); fewer
         visible is a failure with reason ``missing_gpus`` that still carries
-        the visible GPUs' series. ``None``: at least one GPU is expected.
+        the visible GPUs' series. ``None``: at least one GPU is expected where
+        the NVIDIA driver is loaded. ``None`` or 0: no driver is a node
+        without GPUs (``colossalai_gpu_devices 0``, up) unless ``dev_root``
+        holds a GPU's device node or a GPU was seen earlier; 1 or more: no
+        driver is a failure.
     :param init_timeout: how long a *starting* worker may take to initialise
         NVML before it is treated as stuck (``nvmlInit`` can take seconds per
         GPU without persistence mode). Scrapes meanwhile fail with ``timeout``
@@ -145,6 +161,8 @@ class GpuCollector:
         on every scrape would cost each scrape a round trip to the worker
         (about a third of a scrape on a 2-core machine, bench/RESULTS.md);
         0 asks every time.
+    :param dev_root: where the NVIDIA driver's device nodes are (``/dev``);
+        read only when NVML says there is no driver.
 
     The worker is started by the constructor, without waiting for it.
     """
@@ -155,7 +173,8 @@ class GpuCollector:
     def __init__(self, timeout: float = 5.0, expected: int | None = None,
                  init_timeout: float = 30.0,
                  max_stuck_workers: int = 3, worker: Worker | None = None,
-                 no_driver_recheck: float = 10.0) -> None:
+                 no_driver_recheck: float = 10.0,
+                 dev_root: str | os.PathLike[str] = "/dev") -> None:
         """``worker``: one already started (the agent starts it before it imports the
         rest, to boot meanwhile); by default the collector starts its own."""
         if not timeout > 0:
@@ -167,8 +186,13 @@ class GpuCollector:
         self.init_timeout = max(init_timeout, timeout)
         self.max_stuck_workers = max_stuck_workers
         self.no_driver_recheck = no_driver_recheck
-        # (until, message) of the last no_driver answer, while it stands.
-        self._no_driver: tuple[float, str] | None = None
+        self.dev_root = os.fspath(dev_root)
+        # (until, message, whether a GPU is expected) of the last no_driver answer,
+        # while it stands.
+        self._no_driver: tuple[float, str, bool] | None = None
+        # Whether a reading ever had a GPU: a driver that vanishes afterwards is
+        # broken, not absent.
+        self._seen_gpus = False
         # The last answer, with the worker and the request it answered.
         self._answered: tuple[Worker, int, Reading] | None = None
         # Scrapes on an event loop waiting for an answer (see _Request.watch).
@@ -184,11 +208,6 @@ class GpuCollector:
             self._worker = worker
         else:
             self._start_worker()
-
-    def tolerates(self, reason: str) -> bool:
-        """No NVIDIA driver is not wrong on a node where no GPU is expected
-        (``--gpu.expected`` unset or 0); the metrics still say ``no_driver``."""
-        return reason == "no_driver" and not self.expected
 
     # -- NodeCollector -------------------------------------------------------
     def begin(self, deadline: float) -> Pending | None:
@@ -219,7 +238,7 @@ class GpuCollector:
         """Fresh GPU families, or CollectorError, returning before ``deadline``."""
         known = self._known_no_driver()
         if known is not None:
-            raise CollectorError(NO_DRIVER, known)
+            return self._without_driver(*known)
         request = pending if isinstance(pending, _Request) else None
         if request is not None and request.answer is not None:
             return self._families(request.answer)  # taken while the agent's loop waited
@@ -361,20 +380,54 @@ class GpuCollector:
             self._last_xid[event.gpu] = event
 
     # -- families -------------------------------------------------------------
-    def _known_no_driver(self) -> str | None:
-        """The standing no_driver message, or None when the worker must be asked."""
+    def _known_no_driver(self) -> tuple[str, bool] | None:
+        """The standing no_driver answer (its message, and whether a GPU is expected),
+        or None when the worker must be asked."""
         known = self._no_driver
         if known is None or time.monotonic() >= known[0]:
             return None
-        return known[1]
+        return known[1], known[2]
+
+    def _why_gpus_expected(self) -> str | None:
+        """What says this node should have a GPU, or None where nothing does: then no
+        NVIDIA driver is a node without GPUs rather than a broken driver."""
+        if self.expected:
+            return f"{self.expected} GPU{'s' if self.expected > 1 else ''} expected"
+        if self._seen_gpus:
+            return "GPUs were seen since the agent started"
+        try:
+            nodes = sorted(name for name in os.listdir(self.dev_root)
+                           if GPU_DEVICE_NODE.match(name))
+        except OSError as exc:
+            # Without a look at the device nodes, no driver stays a failure.
+            return f"{self.dev_root} could not be listed ({exc.strerror or exc})"
+        if nodes:
+            return f"{os.path.join(self.dev_root, nodes[0])} exists"
+        return None
+
+    def _without_driver(self, message: str, gpus_expected: bool) -> list[MetricFamily]:
+        """The answer to no NVIDIA driver: a failure where a GPU is expected, else zero
+        GPUs (no per-GPU series)."""
+        if gpus_expected:
+            raise CollectorError(NO_DRIVER, message)
+        return self._build(Reading())
 
     def _families(self, reading: Reading) -> list[MetricFamily]:
         if reading.failure is not None:
             message = reading.failure.message
-            if reading.failure.reason == NO_DRIVER and self.no_driver_recheck > 0:
+            if reading.failure.reason != NO_DRIVER:
+                raise CollectorError(reading.failure.reason, message)
+            why = self._why_gpus_expected()
+            if why is not None:
+                message += f", yet {why}"
+            if self.no_driver_recheck > 0:
+                # The decision stands with the answer: /dev is listed once per recheck.
                 message += f" (asked again every {self.no_driver_recheck:g}s)"
-                self._no_driver = (time.monotonic() + self.no_driver_recheck, message)
-            raise CollectorError(reading.failure.reason, message)
+                self._no_driver = (time.monotonic() + self.no_driver_recheck, message,
+                                   why is not None)
+            return self._without_driver(message, why is not None)
+        if reading.gpus:
+            self._seen_gpus = True
         families = self._build(reading)
         visible = len(reading.gpus)
         if self.expected is not None and visible < self.expected:
