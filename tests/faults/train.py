@@ -57,15 +57,17 @@ CUDA_OOM = ("CUDA out of memory. Tried to allocate 1024.00 MiB. GPU 0 has a tota
 GEMINI_LAYOUT = "Adjust layout failed! No enough CUDA memory! Need 2147483648, 1073741824 left"
 
 armed = threading.Event()
-arms = [0]  # SIGUSR1s received: a lifecycle run has two stages
+signal.signal(signal.SIGUSR1, lambda signum, frame: armed.set())
 
 
-def _arm(signum: int, frame: Any) -> None:
-    arms[0] += 1
-    armed.set()
-
-
-signal.signal(signal.SIGUSR1, _arm)
+def planned_step() -> int | None:
+    """The step at which every rank does what the test asked (finish, a slow
+    checkpoint): written by the test before it signals, so that all ranks act at the
+    same step, as a real loop's end or checkpoint interval makes them."""
+    try:
+        return int((CHECKPOINT_DIR / "at-step").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 class RandomBatches(torch.utils.data.IterableDataset[torch.Tensor]):
@@ -157,18 +159,26 @@ def main() -> int:
     step_seconds = STEP_SECONDS
 
     step = 0
+    slow_moments_done = False
     while True:
         step += 1
         x = next(batches)
         if armed.is_set() and FAULT == "all_slow":
             step_seconds = 1.0  # every rank: slower, well within the 5 s budget
-        if armed.is_set() and FAULT == "finish":
-            monitor.finish()  # a clean end: what a run that completes does
-            return 0
-        if armed.is_set() and FAULT == "lifecycle" and arms[0] >= 2:
-            monitor.finish()
-            return 0
-        fault_now = armed.is_set() and mine
+        if armed.is_set() and FAULT in ("finish", "lifecycle") and step == planned_step():
+            if FAULT == "finish" or slow_moments_done:
+                monitor.finish()  # a clean end: what a run that completes does
+                return 0
+            # A healthy run's slow moments: a checkpoint of 3 s (its budget is 5 s) and an
+            # evaluation of 8 s on every rank; training goes on until the next signal.
+            armed.clear()
+            slow_moments_done = True
+            with monitor.checkpoint(step):
+                save(booster, model, CHECKPOINT_DIR / f"lifecycle-{rank}.pt")
+                time.sleep(3)
+            with monitor.evaluation():
+                time.sleep(8)
+        fault_now = armed.is_set() and mine or hang_after_checkpoint.is_set()
         try:
             with monitor.step(samples=16) as current:
                 if fault_now:
@@ -186,15 +196,6 @@ def main() -> int:
             armed.clear()
             with monitor.evaluation():
                 time.sleep(20)  # far over the step budget, well within evaluation's
-        if armed.is_set() and FAULT == "lifecycle" and arms[0] == 1:
-            # A healthy run's slow moments: a checkpoint of 3 s (its budget is 5 s) and an
-            # evaluation of 8 s on every rank, then training goes on until the next signal.
-            arms[0] = -1
-            with monitor.checkpoint(step):
-                save(booster, model, CHECKPOINT_DIR / f"lifecycle-{rank}.pt")
-                time.sleep(3)
-            with monitor.evaluation():
-                time.sleep(8)
         requested = FAULT.startswith("checkpoint") or (
             FAULT == "gil_hang_after_checkpoint" and mine)
         if armed.is_set() and requested:
