@@ -416,7 +416,7 @@ def check_the_page(stack: Stack, case: Case) -> tuple[float, str]:
     messages = [json.loads(r.body)["attachments"][0] for r in stack.slack(case.pages[0])]
     assert messages, f"no Slack message for {case.pages[0]}"
     title, text = messages[0]["title"], messages[0]["text"]
-    assert title.startswith(f"🔴 FIRING: {case.pages[0]}") and f"— run {run}" in title, title
+    assert f"FIRING: {case.pages[0]} — " in title and f"— run {run}" in title, title
     if "rank" in labels:
         assert f"rank {labels['rank']} on " in title, title
     if "instance" in labels:
