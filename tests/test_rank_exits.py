@@ -36,6 +36,9 @@ RANK = textwrap.dedent("""
         signal.signal(signal.SIGTERM, lambda signum, frame: stopped.append(signum))
     monitor = TrainingMonitor(serve="none", run_dir=run_dir, step_timeout=30.0,
                               publish_interval=10.0)  # the publisher stays out of the way
+    if mode == "handler_after":
+        # ... or after it (a checkpoint-on-preemption handler): it decides, not the monitor
+        signal.signal(signal.SIGTERM, lambda signum, frame: stopped.append(signum))
     for _ in range(3):
         with monitor.step():
             pass
@@ -110,10 +113,11 @@ def test_each_way_a_rank_ends_is_told_apart(tmp_path: Path,
     run_dir = tmp_path / "run"
     kernel_log = tmp_path / "kmsg"
     kernel_log.write_text("")  # a readable kernel log without OOM kills
-    modes = ["kill", "finish", "own_error", "peer_error", "term", "blocked", "own_handler"]
+    modes = ["kill", "finish", "own_error", "peer_error", "term", "blocked", "own_handler",
+             "handler_after"]
     for rank, mode in enumerate(modes):
         ranks.append(start(run_dir, rank, mode))
-    kill, finish, own, peer, term, blocked, handler = ranks
+    kill, finish, own, peer, term, blocked, handler, handler_after = ranks
     collector = RanksCollector(run_dir, exits=ExitJudge(KernelLog(str(kernel_log))))
     collector.collect(time.monotonic() + 5)  # every rank seen alive first
 
@@ -122,13 +126,14 @@ def test_each_way_a_rank_ends_is_told_apart(tmp_path: Path,
     assert ended(finish) == 0
     assert ended(own) == 1
     assert ended(peer) == 1
-    for proc in (term, blocked, handler):
+    for proc in (term, blocked, handler, handler_after):
         proc.send_signal(signal.SIGTERM)
     # The default action is kept: the process ends by the signal, promptly, even with its
     # main thread blocked in C where no Python handler could run.
     assert ended(term, 10) == -signal.SIGTERM
     assert ended(blocked, 10) == -signal.SIGTERM
     assert ended(handler, 10) == 0  # its own handler ran; it trained on and exited
+    assert ended(handler_after, 10) == 0  # idem, with its handler installed after ours
 
     families = collector.collect(time.monotonic() + 5)
     exits = {s.labels["rank"]: (s.labels["reason"], s.labels["detail"])
@@ -143,7 +148,7 @@ def test_each_way_a_rank_ends_is_told_apart(tmp_path: Path,
     assert exits["5"] == ("interrupted", "received SIGTERM")
     # It received SIGTERM and kept training: the signal ended nothing; it then exited
     # without finish(), which is what "killed" means from outside.
-    assert exits["6"][0] == "killed"
+    assert exits["6"][0] == exits["7"][0] == "killed"
     assert read_snapshot(snapshot_path(run_dir, 6)).interruption is None
     assert all(s.labels["run"] for f in families if f.name == "colossalai_rank_exit"
                for s in f.samples)

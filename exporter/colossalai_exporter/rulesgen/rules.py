@@ -353,7 +353,8 @@ def node_lost(t: Selector, n: Selector, window: Duration) -> Alert:
         _nodes_dash())
 
 
-def hang_suspects(t: Selector, n: Selector) -> tuple[Alert, Alert, Alert, Alert, Alert]:
+def hang_suspects(t: Selector, n: Selector,
+                  window: Duration) -> tuple[Alert, Alert, Alert, Alert, Alert]:
     """TrainingHangSuspect: the rank a stalled run waits for (training/activity.py).
 
     Waiting ranks are inside a collective or inside backward (where gradient
@@ -444,17 +445,19 @@ def hang_suspects(t: Selector, n: Selector) -> tuple[Alert, Alert, Alert, Alert,
              waiting=_waiting_text(), last_error=_last_error()),
         _nodes_dash(), cause="nccl")
     behind = collectives_behind(t, n, answering, in_own_phase, outside_named)
-    return outside, not_responding, nccl, behind, unreachable(n, problem)
+    return outside, not_responding, nccl, behind, unreachable(n, problem, window)
 
 
-def unreachable(n: Selector, problem: str) -> Alert:
+def unreachable(n: Selector, problem: str, window: Duration) -> Alert:
     """TrainingHangSuspect for a rank NCCL's RAS cannot reach and no node agent reports.
 
     A node that died or dropped off the network takes its agent with it, so nothing
     says its ranks are down; the other nodes' RAS still lists them as missing from
     their communicators. In a communicator spanning the whole run the nccl collector
     knows their training rank and run (node/nccl_ras.py). Every node reports the same
-    missing rank: one alert per rank. Only while the run is stalled.
+    missing rank: one alert per rank. Only while the run is stalled, and not for a rank
+    whose node agent is known down: that is TrainingNodeLost's page, which names the
+    node (one page for one lost node).
     """
     missing = n(problem, 'problem=~"missing|unresponsive|dead"', 'rank!=""', 'run!=""')
     seen = with_run(n("colossalai_rank_up"), n)
@@ -465,7 +468,8 @@ def unreachable(n: Selector, problem: str) -> Alert:
     return Alert(
         "TrainingHangSuspect",
         f"(\n  max by (job, run, rank, rank_host, pid) (\n    {missing}\n  )\n"
-        f"  unless on (run, rank)\n{indent(seen, 4)}\n)\n"
+        f"  unless on (run, rank)\n{indent(seen, 4)}\n"
+        f"  unless on (run, rank)\n  (\n{indent(lost_ranks(n, window), 4)}\n  )\n)\n"
         f"and on (run)\n{stalled}",
         "critical", "The rank a stalled training run is waiting for.",
         fill("Rank [[$rank]][[of_run]] is the rank the others wait for: NCCL's RAS "
@@ -750,7 +754,7 @@ def training(config: RulesConfig) -> RuleFile:
                  reach=_ranks_of_run("colossalai_training_stalled == 1",
                                      "rank(s) of this run are stalled.")),
             _training_dash()),
-        *hang_suspects(t, n),
+        *hang_suspects(t, n, th.node_lost_window),
         phase_over_budget(
             "TrainingStartupStuck", "init|kernels",
             "A training rank is stuck in start-up (init or kernel build) beyond its budget.",

@@ -178,6 +178,8 @@ class SignalRecorder:
         previous = self._previous.get(signum)
         if previous not in (signal.SIG_DFL, None):
             return  # a handler of the user's: it runs when the main thread can run it
+        if signal.getsignal(signum) != self._handle:
+            return  # the script installed its own handler since: that one decides
         # The default action was to end the process at once; the main thread may be
         # blocked in C and never run the Python handler. Restore the default in the
         # C library (Python's signal.signal works only in the main thread) and send
