@@ -71,10 +71,9 @@ RANK = textwrap.dedent("""
     while not stopped:
         with monitor.step():
             time.sleep(0.01)
-    with monitor.step():
-        pass
-    with monitor.step():  # a second step after the signal: it ended nothing
-        pass
+    for _ in range(3):  # steps after the signal, as long as real ones: it ended nothing
+        with monitor.step():
+            time.sleep(0.1)
     monitor.close()
     sys.exit(0)
 """)

@@ -171,7 +171,9 @@ class SignalRecorder:
             if not data:
                 return
             for signum in data:
-                if signum in self._previous and self._record(signum):
+                # Not once uninstalled (the monitor closing): a late read would record
+                # a signal the rank already handled and trained on after.
+                if self._installed and signum in self._previous and self._record(signum):
                     self._end_if_default(signum)
 
     def _end_if_default(self, signum: int) -> None:
