@@ -99,6 +99,7 @@ class ServerProcess:
 
     def __init__(self, args: list[str], port: int, env: dict[str, str] | None = None,
                  cwd: Path | None = None) -> None:
+        self.args = args
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         # Output goes to a file, not a pipe: a chatty server can never block on a full pipe.
@@ -298,3 +299,33 @@ def small_tmpfs(path: Path, size: str = "1M", *, full: bool = False) -> Iterator
         yield path
     finally:
         subprocess.run(["umount", "-l", str(path)], check=False, capture_output=True)
+
+
+V1_MEMORY = Path("/sys/fs/cgroup/memory")
+
+
+@contextlib.contextmanager
+def limited_memory_cgroup(limit_bytes: int) -> Iterator[Path]:
+    """A fresh cgroup v1 memory cgroup limited to ``limit_bytes`` (swap included, so that
+    the kernel's OOM killer acts instead of swapping), removed afterwards; a process the
+    test moved in and that is still alive then goes back to the test's own cgroup. Root,
+    cgroup v1's memory controller and a readable /dev/kmsg (FACTS.md: these machines)."""
+    require(is_root() and (V1_MEMORY / "memory.oom_control").is_file()
+            and os.access("/dev/kmsg", os.R_OK),
+            "root, a cgroup v1 memory controller at /sys/fs/cgroup/memory, /dev/kmsg")
+    own = next(line.split(":", 2)[2] for line in Path("/proc/self/cgroup").read_text()
+               .splitlines() if line.split(":")[1] == "memory")
+    cgroup = V1_MEMORY / f"colossalai-faults-{os.getpid()}-{random.randrange(1 << 32):08x}"
+    cgroup.mkdir()
+    try:
+        (cgroup / "memory.limit_in_bytes").write_text(str(limit_bytes))
+        if (cgroup / "memory.memsw.limit_in_bytes").exists():
+            (cgroup / "memory.memsw.limit_in_bytes").write_text(str(limit_bytes))
+        yield cgroup
+    finally:
+        for pid in (cgroup / "cgroup.procs").read_text().split():
+            with contextlib.suppress(OSError):
+                (V1_MEMORY / own.lstrip("/") / "cgroup.procs").write_text(pid)
+        wait_until(lambda: not (cgroup / "cgroup.procs").read_text().strip(), timeout=10,
+                   what=f"{cgroup} empty")
+        cgroup.rmdir()

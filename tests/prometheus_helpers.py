@@ -54,24 +54,37 @@ def render_rules(tmp_path: Path, override: str) -> Path:
     return out
 
 
-@contextlib.contextmanager
-def launch_prometheus(config_path: Path, data_dir: Path, log_path: Path,
-                      cwd: Path | None = None, *extra_args: str) -> Iterator[Prometheus]:
-    """Prometheus on ``config_path`` (loopback, a free port), ready; stopped afterwards."""
+def start_prometheus(config_path: Path, data_dir: Path, log_path: Path,
+                     cwd: Path | None = None, *extra_args: str,
+                     port: int | None = None) -> Prometheus:
+    """Prometheus on ``config_path`` (loopback, ``port`` or a free one), ready; the caller
+    stops its ``proc`` (launch_prometheus does)."""
     binary = require_binary("prometheus")
-    port = free_port()
+    port = port or free_port()
     with log_path.open("w") as log:
         proc = subprocess.Popen(
             [binary, f"--config.file={config_path}", f"--storage.tsdb.path={data_dir}",
              f"--web.listen-address=127.0.0.1:{port}", *extra_args],
             stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
-        prometheus = Prometheus(f"http://127.0.0.1:{port}", proc, log_path)
-        try:
-            wait_until(lambda: http_get(prometheus.url + "/-/ready", timeout=1)[0] == 200,
-                       timeout=30, interval=0.2, what=f"Prometheus ready (log: {log_path})")
-            yield prometheus
-        finally:
-            stop_process(proc, timeout=15)
+    prometheus = Prometheus(f"http://127.0.0.1:{port}", proc, log_path)
+    try:
+        wait_until(lambda: http_get(prometheus.url + "/-/ready", timeout=1)[0] == 200,
+                   timeout=30, interval=0.2, what=f"Prometheus ready (log: {log_path})")
+    except BaseException:
+        stop_process(proc, timeout=15)
+        raise
+    return prometheus
+
+
+@contextlib.contextmanager
+def launch_prometheus(config_path: Path, data_dir: Path, log_path: Path,
+                      cwd: Path | None = None, *extra_args: str) -> Iterator[Prometheus]:
+    """Prometheus on ``config_path`` (loopback, a free port), ready; stopped afterwards."""
+    prometheus = start_prometheus(config_path, data_dir, log_path, cwd, *extra_args)
+    try:
+        yield prometheus
+    finally:
+        stop_process(prometheus.proc, timeout=15)
 
 
 @contextlib.contextmanager

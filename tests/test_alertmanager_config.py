@@ -163,7 +163,9 @@ def _render(tmp_path: Path, data: dict[str, Any], template: str) -> str:
 
 def test_slack_message_for_one_stalled_rank(tmp_path: Path) -> None:
     data = _data([_alert("3")])
-    assert _render(tmp_path, data, "title") == "🔴 FIRING: TrainingStalled — job llama-70b"
+    # The rank and node where it is, in the title: what on-call reads first.
+    assert _render(tmp_path, data, "title") == (
+        "🔴 FIRING: TrainingStalled — job llama-70b — rank 3 on node-a:8766")
     assert _render(tmp_path, data, "color") == "danger"
     assert _render(tmp_path, data, "title_link") == STALLED["dashboard_url"]
     assert _render(tmp_path, data, "text").splitlines() == [
@@ -191,11 +193,20 @@ def test_slack_message_for_several_ranks_counts_them(tmp_path: Path) -> None:
 
 def test_slack_message_when_resolved(tmp_path: Path) -> None:
     data = _data([_alert("3", status="resolved")], status="resolved")
-    assert _render(tmp_path, data, "title") == "✅ RESOLVED: TrainingStalled — job llama-70b"
+    assert _render(tmp_path, data, "title") == (
+        "✅ RESOLVED: TrainingStalled — job llama-70b — rank 3 on node-a:8766")
     assert _render(tmp_path, data, "color") == "good"
     text = _render(tmp_path, data, "text")
     assert "• ✅ resolved: Rank 3" in text
     assert "Silence" not in text
+
+
+def test_slack_title_names_a_lost_node(tmp_path: Path) -> None:
+    alert = _alert("0")
+    alert["labels"] = {"alertname": "TrainingNodeLost", "job": "colossalai-node",
+                       "instance": "node-7:9466", "run": "4242", "severity": "critical"}
+    assert _render(tmp_path, _data([alert]), "title") == (
+        "🔴 FIRING: TrainingNodeLost — job colossalai-node — run 4242 — node node-7:9466")
 
 
 def test_slack_title_for_a_warning_without_job(tmp_path: Path) -> None:
@@ -203,7 +214,7 @@ def test_slack_title_for_a_warning_without_job(tmp_path: Path) -> None:
     del alert["labels"]["job"]
     data = _data([alert])
     data["commonAnnotations"] = {"summary": "s"}
-    assert _render(tmp_path, data, "title") == "🟠 FIRING: TrainingStalled"
+    assert _render(tmp_path, data, "title") == "🟠 FIRING: TrainingStalled — rank 0 on node-a:8766"
     assert _render(tmp_path, data, "title_link") == (
         "http://alertmanager:9093/#/alerts?receiver=slack-critical")
 

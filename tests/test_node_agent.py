@@ -442,12 +442,21 @@ def test_host_memory_from_proc_meminfo_agrees_with_psutil(tmp_path: Path) -> Non
     full.write_text("MemTotal:       16384 kB\nMemFree:         1024 kB\n"
                     "MemAvailable:    8192 kB\nSwapTotal:       4096 kB\n"
                     "SwapFree:        1024 kB\n")
-    assert _host_values(HostCollector(meminfo=str(full))) == {
+    # The OOM killer's count from /proc/vmstat (node_exporter's node_vmstat_oom_kill);
+    # absent where the kernel does not count (before 4.13), not a false zero.
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "vmstat").write_text("nr_free_pages 1024\noom_kill 3\npgfault 7\n")
+    assert _host_values(HostCollector(meminfo=str(full), proc_root=str(proc))) == {
         "colossalai_host_memory_total_bytes": 16384 * 1024.0,
         "colossalai_host_memory_available_bytes": 8192 * 1024.0,
         "colossalai_host_swap_total_bytes": 4096 * 1024.0,
         "colossalai_host_swap_used_bytes": 3072 * 1024.0,
+        "colossalai_host_oom_kills": 3.0,  # the family (samples add _total)
     }
+    (proc / "vmstat").write_text("nr_free_pages 1024\npgfault 7\n")
+    assert "colossalai_host_oom_kills" not in _host_values(
+        HostCollector(meminfo=str(full), proc_root=str(proc)))
 
 
 def test_an_endpoint_that_never_answers_is_a_timeout_within_its_budget() -> None:

@@ -13,7 +13,6 @@ import random
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import pytest
@@ -27,7 +26,7 @@ from colossalai_exporter.node.oom import (
     memory_cgroup,
     vmstat_oom_kills,
 )
-from conftest import cli_env, is_root, require, wait_until
+from conftest import cli_env, limited_memory_cgroup, require, wait_until
 
 FIXTURES = Path(__file__).parent / "fixtures" / "kmsg"
 BOOT = 1_700_000_000.0
@@ -293,52 +292,40 @@ def test_the_module_imports_neither_torch_nor_anything_outside_the_standard_libr
     assert out.strip() == "['colossalai_exporter']"
 
 
-V1_MEMORY = Path("/sys/fs/cgroup/memory")
-
-
 @pytest.mark.slow
 def test_real_kernel_oom_kill_in_a_v1_memory_cgroup() -> None:
-    require(is_root() and (V1_MEMORY / "memory.oom_control").is_file()
-            and os.access("/dev/kmsg", os.R_OK),
-            "root and a cgroup v1 memory controller at /sys/fs/cgroup/memory, /dev/kmsg readable")
     ns_pids = [line for line in Path("/proc/self/status").read_text().splitlines()
                if line.startswith("NSpid:")]
     require(not ns_pids or len(ns_pids[0].split()) == 2,
             "the initial pid namespace (the kernel logs pids as seen there)")
-    name = f"colossalai-oom-test-{uuid.uuid4().hex[:12]}"
-    cgroup = V1_MEMORY / name
-    log = KernelLog()
-    log.poll()  # the backlog: afterwards only new kills
-    assert log.readable, log.problem
-    vmstat_before = vmstat_oom_kills()
-    assert vmstat_before is not None
-    cgroup.mkdir()
-    proc = None
-    try:
-        (cgroup / "memory.limit_in_bytes").write_text(str(64 * MIB))
-        if (cgroup / "memory.memsw.limit_in_bytes").exists():  # no swapping out of the limit
-            (cgroup / "memory.memsw.limit_in_bytes").write_text(str(64 * MIB))
-        memory = MemoryCgroup(1, f"/{name}", str(cgroup))
-        assert cgroup_oom_kills(memory) == (0, 0)
-        proc = subprocess.Popen(["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec '
-                                 f'{sys.executable} -c "x = bytearray(400*1024*1024)"'])
-        assert proc.wait(timeout=30) == -9
-        seen: list[OomKill] = []
+    with limited_memory_cgroup(64 * MIB) as cgroup:
+        log = KernelLog()
+        log.poll()  # the backlog: afterwards only new kills
+        assert log.readable, log.problem
+        vmstat_before = vmstat_oom_kills()
+        assert vmstat_before is not None
+        proc = None
+        try:
+            memory = MemoryCgroup(1, f"/{cgroup.name}", str(cgroup))
+            assert cgroup_oom_kills(memory) == (0, 0)
+            proc = subprocess.Popen(["sh", "-c", f'echo $$ > {cgroup}/cgroup.procs && exec '
+                                     f'{sys.executable} -c "x = bytearray(400*1024*1024)"'])
+            assert proc.wait(timeout=30) == -9
+            seen: list[OomKill] = []
 
-        def ours() -> list[OomKill]:
-            seen.extend(log.poll())
-            return [kill for kill in seen if kill.pid == proc.pid]
+            def ours() -> list[OomKill]:
+                seen.extend(log.poll())
+                return [kill for kill in seen if kill.pid == proc.pid]
 
-        [kill] = wait_until(ours, timeout=10, what=f"the kernel log's kill of pid {proc.pid}")
-        assert (kill.constraint, kill.memcg, kill.group) == ("memcg", f"/{name}", False)
-        assert kill.memcg.endswith(name) and kill.anon_rss_bytes
-        assert abs(kill.time - time.time()) < 60
-        assert cgroup_oom_kills(memory) == (1, 0)
-        vmstat_after = vmstat_oom_kills()
-        assert vmstat_after is not None and vmstat_after >= vmstat_before + 1
-    finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
-        log.close()
-        cgroup.rmdir()
+            [kill] = wait_until(ours, timeout=10, what=f"the kernel log's kill of pid {proc.pid}")
+            assert (kill.constraint, kill.memcg, kill.group) == ("memcg", f"/{cgroup.name}", False)
+            assert kill.anon_rss_bytes
+            assert abs(kill.time - time.time()) < 60
+            assert cgroup_oom_kills(memory) == (1, 0)
+            vmstat_after = vmstat_oom_kills()
+            assert vmstat_after is not None and vmstat_after >= vmstat_before + 1
+        finally:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+            log.close()

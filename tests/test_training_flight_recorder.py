@@ -157,8 +157,45 @@ def test_progress_from_a_real_nccl_dump() -> None:
     """The real NCCL dump in the fixtures (one H200, torch 2.11): its default group."""
     dump = pickle.loads((Path(__file__).parent / "fixtures" / "nccl-2.28.9" /
                          "fr_dump.pkl").read_bytes())
+    # NCCL's status is keyed by the group's name, and pg_config lists its ranks.
     assert flight_recorder.parse_progress(dump) == [
-        flight_recorder.GroupProgress(pg="0", enqueued=200, op="nccl:all_reduce")]
+        flight_recorder.GroupProgress(pg="0", ranks="0", enqueued=200, op="nccl:all_reduce")]
     assert flight_recorder.parse_progress({"version": "2.10"}) is None
     assert flight_recorder.parse_progress({"pg_status": {"0": {
         "last_enqueued_collective": -1}}}) == []
+
+
+def test_groups_are_named_as_torch_registered_them_not_by_the_status_numbering() -> None:
+    """gloo's status numbers a process's groups in creation order: rank 2 of a job with
+    pairs [0, 1] and [2, 3] calls its pair "1", as ranks 0 and 1 call theirs. The entries
+    carry the registered name ("2"), which both members of that pair share; its ranks
+    come from torch.distributed's own tables (gloo's pg_config is empty)."""
+    dump = {
+        "pg_config": {"": {"name": "", "desc": "", "ranks": "[]"}},
+        "pg_status": {"0": {"last_enqueued_collective": 60},
+                      "1": {"last_enqueued_collective": 61}},
+        "entries": [
+            {"process_group": ("2", "undefined"), "collective_seq_id": 60,
+             "profiling_name": "gloo:all_reduce"},
+            {"process_group": ("0", "default_pg"), "collective_seq_id": 60,
+             "profiling_name": "gloo:all_reduce"},
+            {"process_group": ("2", "undefined"), "collective_seq_id": 61,
+             "profiling_name": "gloo:all_reduce"},
+        ],
+    }
+    assert flight_recorder.parse_progress(dump, {"0": [0, 1, 2, 3], "2": [2, 3]}) == [
+        flight_recorder.GroupProgress(pg="0", ranks="0-3", enqueued=60, op="gloo:all_reduce"),
+        flight_recorder.GroupProgress(pg="2", ranks="2-3", enqueued=61, op="gloo:all_reduce")]
+
+
+@pytest.mark.parametrize(("ranks", "label"), [
+    ([3], "3"), ([0, 1, 2, 3], "0-3"), ([3, 1], "1,3"), ([0, 1, 4, 5], "0,1,4,5"),
+    (list(range(0, 256, 2)), "0-254/2"), ([], ""),
+])
+def test_ranks_label_is_short_and_readable(ranks: list[int], label: str) -> None:
+    assert flight_recorder.ranks_label(ranks) == label
+
+
+def test_a_long_irregular_group_is_its_size_and_a_digest() -> None:
+    label = flight_recorder.ranks_label([*range(0, 64, 2), *range(65, 129, 2)])
+    assert label.startswith("64 ranks #") and len(label) == len("64 ranks #") + 8

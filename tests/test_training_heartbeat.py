@@ -81,6 +81,10 @@ def test_step_and_checkpoint_pings_reach_the_service(
             pass
         wait_until(lambda: any(p.endswith("-ckpt") for p in receiver.paths),
                    what="checkpoint ping")
+        # The receiver records a ping before the sender has read its answer: the
+        # sender's count is waited for on its own.
+        wait_until(lambda: monitor.snapshot().heartbeats["checkpoint"].success == 1,
+                   what="the checkpoint ping counted a success")
         hb = monitor.snapshot().heartbeats
         assert hb["step"].success == 2
         assert hb["checkpoint"].success == 1

@@ -124,6 +124,9 @@ NODE: tuple[Metric, ...] = (
     _m("colossalai_host_memory_available_bytes", "gauge",
        "Host memory available to new allocations without swapping (MemAvailable).",
        (), "bytes"),
+    _m("colossalai_host_oom_kills_total", "counter",
+       "Processes the kernel's OOM killer ended on this node since boot (/proc/vmstat "
+       "oom_kill, kernel 4.13 or later; node_exporter's node_vmstat_oom_kill).", ()),
     _m("colossalai_host_swap_total_bytes", "gauge", "Swap space configured.", (), "bytes"),
     _m("colossalai_host_swap_used_bytes", "gauge", "Swap space in use.", (), "bytes"),
     _m("colossalai_disk_free_bytes", "gauge",
@@ -199,6 +202,16 @@ RANKS: tuple[Metric, ...] = (
     _m("colossalai_rank_process_stopped", "gauge",
        "1 while the rank's process exists but is stopped (SIGSTOP, a debugger), 0 otherwise.",
        ("rank",), component="ranks"),
+    _m("colossalai_rank_exit_info", "info",
+       "How a rank's process ended (always 1; present once it is gone, for as long as its "
+       "snapshot is kept): reason finished, interrupted (it received SIGTERM or SIGINT: a "
+       "preemption, a cancel, torchrun stopping it after another rank failed, Ctrl-C), "
+       "oom_killed (the kernel's OOM killer), failed (an exception of its own), "
+       "peer_failed (an error saying another rank or the process group failed first) or "
+       "killed (gone with no error or signal recorded: SIGKILL, a native crash); detail: "
+       "the evidence in words (the signal, the error, the memory cgroup and RSS and "
+       "whether the kernel log, the cgroup or /proc/vmstat told).",
+       ("rank", "run", "reason", "detail"), component="ranks"),
     _m("colossalai_rank_snapshot_errors_total", "counter",
        "Reads of snapshot files in the run directory that could not be used, by reason: "
        "malformed (not JSON, truncated), invalid (a key missing or of the wrong type), "
@@ -289,10 +302,12 @@ TRAINING: tuple[Metric, ...] = (
        ("rank", "activity", "collective", "frame"), component="training"),
     _m("colossalai_training_collective_enqueued", "gauge",
        "Sequence number of the last collective the rank enqueued in process group pg "
-       "(op: its name, like gloo:all_reduce), from torch's flight recorder; present only "
-       "while the rank is stalled. In a stalled run, a rank behind the others of a group "
-       "is the one they wait for.",
-       ("rank", "run", "pg", "op"), component="training"),
+       "(the name torch registered for the group, shared by its members; pg_ranks: its "
+       "global ranks, like 0-7, 1,3 or 0-254/2; op: the collective, like "
+       "gloo:all_reduce), from torch's flight recorder; present only while the rank is "
+       "stalled. In a stalled run, a rank behind the others of a group and ahead of none "
+       "in any group is the one they wait for.",
+       ("rank", "run", "pg", "pg_ranks", "op"), component="training"),
     _m("colossalai_training_activity_samples_total", "counter",
        "Samples of the rank's training thread taken while training (about one a "
        "second, by the monitor's publisher thread).", ("rank",), component="training"),

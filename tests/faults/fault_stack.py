@@ -29,14 +29,14 @@ import requests
 import yaml
 
 from colossalai_exporter.training.snapshot import Snapshot, read_snapshot, snapshot_path
-from conftest import ServerProcess, cli_env, free_port, wait_until
+from conftest import ServerProcess, cli_env, free_port, stop_process, wait_until
 from fake_vigilmon import FakeVigilmon, Recorded
 from prometheus_helpers import (
     Prometheus,
-    launch_prometheus,
     render_rules,
     running_alertmanager,
     shipped_alertmanager_config,
+    start_prometheus,
 )
 
 INTERVAL = 1.0  # Prometheus' scrape and evaluation interval in the suite
@@ -51,6 +51,7 @@ for:
   TrainingStartupStuck: 2s
   CheckpointStuck: 2s
   TrainingRankDown: 10s
+  TrainingNodeLost: 10s
   NCCLRendezvousDown: 10s
 """
 # Alertmanager's waits before a group's first notification, shortened like the rules.
@@ -72,7 +73,7 @@ def alertmanager_config(tmp: Path, receiver_url: str) -> Path:
 
 
 def prometheus_config(tmp: Path, rules: Path, alertmanager: str, rank0: str,
-                      agent: str) -> Path:
+                      agents: list[str]) -> Path:
     config = {
         "global": {"scrape_interval": f"{INTERVAL:g}s", "scrape_timeout": f"{INTERVAL:g}s",
                    "evaluation_interval": f"{INTERVAL:g}s"},
@@ -80,7 +81,7 @@ def prometheus_config(tmp: Path, rules: Path, alertmanager: str, rank0: str,
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
         "scrape_configs": [
             {"job_name": "colossalai-training", "static_configs": [{"targets": [rank0]}]},
-            {"job_name": "colossalai-node", "static_configs": [{"targets": [agent]}]},
+            {"job_name": "colossalai-node", "static_configs": [{"targets": agents}]},
         ],
     }
     path = tmp / "prometheus.yml"
@@ -90,8 +91,8 @@ def prometheus_config(tmp: Path, rules: Path, alertmanager: str, rank0: str,
 
 @dataclass
 class Job:
-    """torchrun with ranks of tests/faults/train.py (two, or four), in a process group of
-    its own."""
+    """One torchrun (a node's launcher) with its ranks of tests/faults/train.py, in a
+    process group of its own."""
 
     proc: subprocess.Popen[bytes]
     run_dir: Path
@@ -122,16 +123,21 @@ class Job:
 
 def start_job(tmp: Path, fault: str, rank: int, checkpoint_dir: Path, master_port: int,
               rank0_port: int, checkpoint_every: int, ranks: int = 2,
-              restarts: int = 0) -> Job:
-    run_dir = tmp / "run"
-    log = tmp / "train.log"
+              restarts: int = 0, topology: str = "booster", nodes: int = 1,
+              node_rank: int = 0) -> Job:
+    """``ranks`` per node; with ``nodes`` > 1 this is node ``node_rank``'s launcher, with a
+    run directory of its own (each node's agent reads only its own)."""
+    suffix = f"-node{node_rank}" if nodes > 1 else ""
+    run_dir = tmp / f"run{suffix}"
+    log = tmp / f"train{suffix}.log"
     env = cli_env(FAULT=fault, FAULT_RANK=str(rank), CHECKPOINT_DIR=str(checkpoint_dir),
-                  CHECKPOINT_EVERY=str(checkpoint_every),
+                  CHECKPOINT_EVERY=str(checkpoint_every), TOPOLOGY=topology,
                   COLOSSALAI_EXPORTER_RUN_DIR=str(run_dir),
                   COLOSSALAI_EXPORTER_PORT=str(rank0_port), OMP_NUM_THREADS="1",
                   PYTHONUNBUFFERED="1")
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
-            "--max-restarts", str(restarts),
+            "--max-restarts", str(restarts), "--nnodes", str(nodes),
+            "--node_rank", str(node_rank),
             "--master_addr", "127.0.0.1", "--master_port", str(master_port),
             str(TRAIN_SCRIPT)]
     with log.open("wb") as out:
@@ -156,11 +162,25 @@ class Stack:
     prometheus: Prometheus
     alertmanager: str
     receiver: FakeVigilmon
-    job: Job
-    agent: ServerProcess
+    jobs: list[Job]  # one launcher per node
+    agents: list[ServerProcess]  # one node agent per node
     rank0: str
-    ranks: int = 2
+    ranks: int = 2  # in all
+    prometheus_config: Path | None = None
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def job(self) -> Job:
+        return self.jobs[0]
+
+    @property
+    def agent(self) -> ServerProcess:
+        return self.agents[0]
+
+    def job_of(self, rank: int) -> Job:
+        """The launcher whose node runs ``rank``."""
+        per_node = self.ranks // len(self.jobs)
+        return self.jobs[rank // per_node]
 
     def notifications(self) -> list[Notification]:
         """Every webhook notification Alertmanager sent to the bridge's receivers."""
@@ -171,16 +191,16 @@ class Stack:
                                     body["alerts"]))
         return out
 
-    def paged(self) -> dict[str, list[tuple[float, dict[str, Any]]]]:
-        """Alert name -> (arrival, alert) for every firing alert that reached the pager.
+    def pages(self) -> list[Notification]:
+        """The notifications that paged: to the bridge's receiver (every alert but the
+        Watchdog, which goes to its heartbeat receiver) with an alert firing, in order."""
+        return [n for n in self.notifications() if n.receiver == "bridge"
+                and any(a["status"] == "firing" for a in n.alerts)]
 
-        The pager is the bridge's webhook receiver, which every alert but the
-        Watchdog reaches (it goes to the bridge's heartbeat receiver instead).
-        """
+    def paged(self) -> dict[str, list[tuple[float, dict[str, Any]]]]:
+        """Alert name -> (arrival, alert) for every firing alert that reached the pager."""
         paged: dict[str, list[tuple[float, dict[str, Any]]]] = {}
-        for note in self.notifications():
-            if note.receiver != "bridge":
-                continue
+        for note in self.pages():
             for alert in note.alerts:
                 if alert["status"] == "firing":
                     paged.setdefault(alert["labels"]["alertname"], []).append((note.at, alert))
@@ -201,43 +221,80 @@ class Stack:
         up = self.prometheus.query('colossalai_rank_up{job="colossalai-node"} == 1')
         return bool(steps) and len(up) == self.ranks
 
+    def restart_agent(self, node: int = 0) -> None:
+        """Stop a node's agent and start it again on the same port (an upgrade, a crash)."""
+        old = self.agents[node]
+        old.close()
+        self.agents[node] = start_agent(old.args, old.port)
+
+    def restart_prometheus(self) -> None:
+        """Stop Prometheus and start it again on the same port and data (an upgrade)."""
+        assert self.prometheus_config is not None
+        port = int(self.prometheus.url.rsplit(":", 1)[1])
+        stop_process(self.prometheus.proc, timeout=15)
+        self.prometheus = run_prometheus(self.prometheus_config, self.tmp, port)
+
+
+def start_agent(args: list[str], port: int) -> ServerProcess:
+    agent = ServerProcess(args, port)
+    agent.wait_ready("/metrics")
+    return agent
+
+
+def run_prometheus(config: Path, tmp: Path, port: int) -> Prometheus:
+    """Prometheus as the suite runs it, on ``port``; the caller stops it."""
+    return start_prometheus(config, tmp / "prometheus-data", tmp / "prometheus.log", None,
+                            f"--rules.alert.resend-delay={INTERVAL:g}s", port=port)
+
 
 @contextlib.contextmanager
 def running_stack(tmp: Path, receiver: FakeVigilmon, fault: str, rank: int,
                   checkpoint_dir: Path, checkpoint_every: int = 50,
                   ranks: int = 2, restarts: int = 0,
-                  shipped_for: tuple[str, ...] = ()) -> Iterator[Stack]:
-    """Receiver, Alertmanager, agent and Prometheus first, then the job: Prometheus sees
+                  shipped_for: tuple[str, ...] = (), topology: str = "booster",
+                  nodes: int = 1, agent_defaults: bool = False) -> Iterator[Stack]:
+    """Receiver, Alertmanager, agents and Prometheus first, then the job: Prometheus sees
     the job from its first second, as it would a job started under a running stack.
 
-    ``restarts``: torchrun's --max-restarts. ``shipped_for``: alerts that keep the
-    shipped `for` window instead of the short one (a crash loop's ranks are down
-    between restarts for less than TrainingRankDown's shipped minute)."""
+    ``ranks``: per node. ``nodes``: launchers (and node agents) on this machine, each
+    with its own run directory, as separate nodes would be. ``restarts``: torchrun's
+    --max-restarts. ``shipped_for``: alerts that keep the shipped `for` window instead of
+    the short one (a crash loop's ranks are down between restarts for less than
+    TrainingRankDown's shipped minute). ``agent_defaults``: the agent as a user starts it
+    on a node (its GPU collector on, the default watched paths), told only where the
+    ranks and the rendezvous are."""
     override = yaml.safe_load(RULES_OVERRIDE)
     for name in shipped_for:
         del override["for"][name]
     rules = render_rules(tmp, yaml.safe_dump(override))
-    master_port, rank0_port, agent_port = free_port(), free_port(), free_port()
+    master_port, rank0_port = free_port(), free_port()
     with contextlib.ExitStack() as stop:
         alertmanager = stop.enter_context(running_alertmanager(
             alertmanager_config(tmp, receiver.url), tmp))
-        agent = ServerProcess(
-            ["node", "--web.listen-address", f"127.0.0.1:{agent_port}",
-             "--ranks.run-dir", str(tmp / "run"), "--disk", f"checkpoints={checkpoint_dir}",
-             "--rendezvous.target", f"127.0.0.1:{master_port}", "--no-collector.gpu"],
-            agent_port)
-        stop.callback(agent.close)
-        agent.wait_ready("/metrics")
-        prometheus = stop.enter_context(launch_prometheus(
-            prometheus_config(tmp, rules, alertmanager.removeprefix("http://"),
-                              f"127.0.0.1:{rank0_port}", f"127.0.0.1:{agent_port}"),
-            tmp / "prometheus-data", tmp / "prometheus.log", None,
-            f"--rules.alert.resend-delay={INTERVAL:g}s"))
-        job = start_job(tmp, fault, rank, checkpoint_dir, master_port, rank0_port,
-                        checkpoint_every, ranks, restarts)
-        stop.callback(job.stop)
-        yield Stack(tmp, prometheus, alertmanager, receiver, job, agent,
-                    f"http://127.0.0.1:{rank0_port}", ranks)
+        agents: list[ServerProcess] = []
+        for node in range(nodes):
+            suffix = f"-node{node}" if nodes > 1 else ""
+            args = ["node", "--web.listen-address", "", "--ranks.run-dir",
+                    str(tmp / f"run{suffix}"),
+                    "--rendezvous.target", f"127.0.0.1:{master_port}"]
+            if not agent_defaults:
+                args += ["--disk", f"checkpoints={checkpoint_dir}", "--no-collector.gpu"]
+            port = free_port()
+            args[2] = f"127.0.0.1:{port}"
+            agents.append(start_agent(args, port))
+            stop.callback(lambda node=node: agents[node].close())
+        config = prometheus_config(tmp, rules, alertmanager.removeprefix("http://"),
+                                   f"127.0.0.1:{rank0_port}",
+                                   [f"127.0.0.1:{a.port}" for a in agents])
+        stack = Stack(tmp, run_prometheus(config, tmp, free_port()), alertmanager, receiver,
+                      [], agents, f"http://127.0.0.1:{rank0_port}", ranks * nodes, config)
+        stop.callback(lambda: stop_process(stack.prometheus.proc, timeout=15))
+        for node in range(nodes):
+            job = start_job(tmp, fault, rank, checkpoint_dir, master_port, rank0_port,
+                            checkpoint_every, ranks, restarts, topology, nodes, node)
+            stack.jobs.append(job)
+            stop.callback(job.stop)
+        yield stack
 
 
 def wait_healthy(stack: Stack) -> None:

@@ -10,7 +10,15 @@ the others).
 
 ``FAULT`` names the failure and ``FAULT_RANK`` the rank that has it. Failures of
 the running loop wait for SIGUSR1, which the test sends once Prometheus has seen
-the run healthy; start-up failures (kernels) happen on their own. Nothing here
+the run healthy; start-up failures (kernels) happen on their own.
+
+``TOPOLOGY`` shapes the job: ``booster`` (the default: ColossalAI's Booster with
+TorchDDPPlugin, gradients all-reduced in backward), ``pairs`` (four ranks, plain
+torch: each step an all-reduce within a pair, ``new_group([0, 1])`` and
+``new_group([2, 3])``, then one over all ranks), ``mesh`` (four ranks, ColossalAI's
+``ProcessGroupMesh(2, 2)``: an all-reduce in each rank's tensor-parallel group, then
+in its data-parallel group) and ``pipeline`` (two stages, plain torch: stage 0 sends
+its activations to stage 1 with ``dist.send``, stage 1 sends the gradient back). Nothing here
 fakes a failure's text: the out-of-memory errors are the exception types and
 texts ColossalAI and torch raise (FACTS.md), the host allocation failure, the
 full disk, the checkpoint target that is a file, the kernel that does not load
@@ -37,6 +45,7 @@ from colossalai_exporter import Budgets, TrainingMonitor
 
 FAULT = os.environ.get("FAULT", "none")
 FAULT_RANK = int(os.environ.get("FAULT_RANK", "1"))
+TOPOLOGY = os.environ.get("TOPOLOGY", "booster")
 CHECKPOINT_DIR = Path(os.environ["CHECKPOINT_DIR"])
 STEP_SECONDS = 0.05  # stands in for the real work of a step
 CHECKPOINT_EVERY = int(os.environ.get("CHECKPOINT_EVERY", "50"))
@@ -49,6 +58,16 @@ GEMINI_LAYOUT = "Adjust layout failed! No enough CUDA memory! Need 2147483648, 1
 
 armed = threading.Event()
 signal.signal(signal.SIGUSR1, lambda signum, frame: armed.set())
+
+
+def planned_step() -> int | None:
+    """The step at which every rank does what the test asked (finish, a slow
+    checkpoint): written by the test before it signals, so that all ranks act at the
+    same step, as a real loop's end or checkpoint interval makes them."""
+    try:
+        return int((CHECKPOINT_DIR / "at-step").read_text())
+    except (OSError, ValueError):
+        return None
 
 
 class RandomBatches(torch.utils.data.IterableDataset[torch.Tensor]):
@@ -127,29 +146,44 @@ def main() -> int:
     if FAULT == "kernel_build_slow" and mine:
         slow_kernel_loader()
     criterion: Any = torch.nn.MSELoss()
-    booster = Booster(plugin=TorchDDPPlugin())
-    model, optimizer, criterion, _, _ = monitor.boost(booster, model, optimizer, criterion)
+    if TOPOLOGY == "booster":
+        booster = Booster(plugin=TorchDDPPlugin())
+        model, optimizer, criterion, _, _ = monitor.boost(booster, model, optimizer, criterion)
+        step_fn = booster_step(booster, model, optimizer, criterion)
+    else:
+        booster = None
+        step_fn = collectives_step(model, criterion)
     print(f"rank {rank}: training", flush=True)
     batches = iter(torch.utils.data.DataLoader(RandomBatches(FAULT == "data_stuck" and mine),
                                                batch_size=None))
     step_seconds = STEP_SECONDS
 
     step = 0
+    slow_moments_done = False
     while True:
         step += 1
         x = next(batches)
         if armed.is_set() and FAULT == "all_slow":
             step_seconds = 1.0  # every rank: slower, well within the 5 s budget
-        fault_now = armed.is_set() and mine
+        if armed.is_set() and FAULT in ("finish", "lifecycle") and step == planned_step():
+            if FAULT == "finish" or slow_moments_done:
+                monitor.finish()  # a clean end: what a run that completes does
+                return 0
+            # A healthy run's slow moments: a checkpoint of 3 s (its budget is 5 s) and an
+            # evaluation of 8 s on every rank; training goes on until the next signal.
+            armed.clear()
+            slow_moments_done = True
+            with monitor.checkpoint(step):
+                save(booster, model, CHECKPOINT_DIR / f"lifecycle-{rank}.pt")
+                time.sleep(3)
+            with monitor.evaluation():
+                time.sleep(8)
+        fault_now = armed.is_set() and mine or hang_after_checkpoint.is_set()
         try:
             with monitor.step(samples=16) as current:
                 if fault_now:
                     inject_in_step()
-                loss = criterion(model(x), x[:, :1] * 2.0 + 0.1)
-                booster.backward(loss, optimizer)
-                optimizer.step()
-                optimizer.zero_grad()
-                current.loss = loss.detach()
+                current.loss = step_fn(x)
                 time.sleep(step_seconds)
         except (torch.OutOfMemoryError, RuntimeError) as exc:
             if FAULT not in ("oom_caught", "host_oom"):
@@ -162,12 +196,71 @@ def main() -> int:
             armed.clear()
             with monitor.evaluation():
                 time.sleep(20)  # far over the step budget, well within evaluation's
-        if armed.is_set() and FAULT.startswith("checkpoint"):
+        requested = FAULT.startswith("checkpoint") or (
+            FAULT == "gil_hang_after_checkpoint" and mine)
+        if armed.is_set() and requested:
             # A save the test asked for, into the target it prepared (full, a file, hung).
             armed.clear()
-            booster.save_model(model, str(CHECKPOINT_DIR / "requested.pt"))
+            save(booster, model, CHECKPOINT_DIR / "requested.pt")
+            if FAULT == "gil_hang_after_checkpoint":
+                hang_after_checkpoint.set()
         elif step % CHECKPOINT_EVERY == 0:
-            booster.save_model(model, str(CHECKPOINT_DIR / f"step-{step}.pt"))
+            save(booster, model, CHECKPOINT_DIR / f"step-{step}.pt")
+
+
+hang_after_checkpoint = threading.Event()
+
+
+def save(booster: Any, model: Any, path: Path) -> None:
+    if booster is not None:
+        booster.save_model(model, str(path))  # watched by the monitor: phase checkpointing
+    else:
+        torch.save(model.state_dict(), path)
+
+
+def booster_step(booster: Any, model: Any, optimizer: Any, criterion: Any) -> Any:
+    def step(x: torch.Tensor) -> torch.Tensor:
+        loss = criterion(model(x), x[:, :1] * 2.0 + 0.1)
+        booster.backward(loss, optimizer)  # DDP all-reduces the gradients here
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss.detach()
+    return step
+
+
+def collectives_step(model: Any, criterion: Any) -> Any:
+    """A step of plain collectives in the shape ``TOPOLOGY`` names (module docstring)."""
+    import torch.distributed as dist
+
+    rank = dist.get_rank()
+    if TOPOLOGY == "pairs":
+        pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank creates both
+        first, second = pairs[rank // 2], None
+    elif TOPOLOGY == "mesh":
+        from colossalai.cluster import ProcessGroupMesh
+
+        mesh = ProcessGroupMesh(2, 2)
+        first, second = mesh.get_group_along_axis(1), mesh.get_group_along_axis(0)
+    elif TOPOLOGY != "pipeline":
+        raise SystemExit(f"unknown TOPOLOGY {TOPOLOGY!r}")
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            loss = criterion(model(x), x[:, :1])
+        grad = torch.ones(8)
+        if TOPOLOGY == "pipeline":
+            # stage 0 -> stage 1 (activations), stage 1 -> stage 0 (gradients)
+            if rank == 0:
+                dist.send(grad, 1)
+                dist.recv(grad, 1)
+            else:
+                dist.recv(grad, 0)
+                dist.send(grad, 0)
+        else:
+            dist.all_reduce(grad, group=first)
+            dist.all_reduce(grad, group=second)  # None: every rank
+        return loss
+    return step
 
 
 def inject_in_step() -> None:
@@ -181,8 +274,17 @@ def inject_in_step() -> None:
         time.sleep(0.25)  # every step, within the 5 s budget: a slower GPU, say
     if FAULT == "frozen_compute":
         time.sleep(3600)  # a compute kernel that never returns, GIL released
-    if FAULT == "gil_hang":
+    if FAULT == "gil_hang" or hang_after_checkpoint.is_set():
         ctypes.PyDLL(None).sleep(3600)  # a C call that holds the GIL: nothing runs
+    if FAULT == "own_error":
+        # A bug of the rank's own, while the others wait for it in a collective.
+        raise ValueError("batch 17 has 0 samples: the data shard is empty")
+    if FAULT == "oom_kill":
+        # Memory that grows until the kernel's OOM killer ends the rank (the test put the
+        # rank in a memory cgroup with a small limit): no Python error, just SIGKILL.
+        hoard = []
+        while True:
+            hoard.append(bytearray(16 * 1024 * 1024))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ file, and ``/proc/vmstat`` too, for two calls' worth of fields of which four
 are served here; it was the agent's most expensive collector per scrape
 (bench/RESULTS.md). psutil remains the fallback where the file or one of the
 fields is missing (another OS, a kernel older than 3.14 without MemAvailable).
+The OOM killer's count since boot is one more small read, of ``/proc/vmstat``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import psutil
 
 from colossalai_exporter import catalogue
 from colossalai_exporter.node.base import CollectorError
+from colossalai_exporter.node.oom import vmstat_oom_kills
 
 if TYPE_CHECKING:
     from prometheus_client.core import Metric as MetricFamily
@@ -60,8 +62,9 @@ class HostCollector:
     name = "host"
     reasons: tuple[str, ...] = ("error",)
 
-    def __init__(self, meminfo: str = MEMINFO) -> None:
+    def __init__(self, meminfo: str = MEMINFO, proc_root: str = "/proc") -> None:
         self.meminfo = meminfo
+        self.proc_root = proc_root
 
     def collect(self, deadline: float) -> list[MetricFamily]:
         values = read_meminfo(self.meminfo)
@@ -75,12 +78,19 @@ class HostCollector:
                 raise CollectorError("error", f"cannot read host memory: {exc}") from None
             total, available, swap_total, swap_used = (memory.total, memory.available,
                                                        swap.total, swap.used)
-        return [
+        families = [
             _gauge("colossalai_host_memory_total_bytes", total),
             _gauge("colossalai_host_memory_available_bytes", available),
             _gauge("colossalai_host_swap_total_bytes", swap_total),
             _gauge("colossalai_host_swap_used_bytes", swap_used),
         ]
+        # The OOM killer's count: absent before kernel 4.13 rather than a false zero.
+        kills = vmstat_oom_kills(self.proc_root)
+        if kills is not None:
+            oom = catalogue.counter("colossalai_host_oom_kills_total")
+            oom.add_metric([], float(kills))
+            families.append(oom)
+        return families
 
     def close(self) -> None:
         pass

@@ -281,8 +281,19 @@ def cgroup_oom_kills(cgroup: MemoryCgroup) -> tuple[int, int] | None:
 def vmstat_oom_kills(proc_root: str = "/proc") -> int | None:
     """The node's OOM kills since boot: /proc/vmstat's oom_kill (kernel >= 4.13), None when
     absent."""
-    values = _counters(os.path.join(proc_root, "vmstat"))
-    return None if values is None else values.get("oom_kill")
+    # Read at every scrape: one line of about 180 found with bytes.find (about 13 us with
+    # the read) rather than every line split into a dict (about 70 us).
+    try:
+        with open(os.path.join(proc_root, "vmstat"), "rb") as f:
+            text = b"\n" + f.read()
+    except OSError:
+        return None
+    start = text.find(b"\noom_kill ")
+    if start < 0:
+        return None
+    end = text.find(b"\n", start + 1)
+    value = text[start + len(b"\noom_kill "):end if end >= 0 else None].strip()
+    return int(value) if value.isdigit() else None
 
 
 def _size(value: int) -> str:

@@ -14,7 +14,11 @@ them and, for each rank, serves:
   ``colossalai_rank_process_stopped``;
 * the rank's training series from its last snapshot, with the stall judged
   again now (``colossalai_training_stalled``): a frozen rank cannot say it is
-  stuck, the agent can.
+  stuck, the agent can;
+* ``colossalai_rank_exit_info`` once the process is gone: how it ended (finished,
+  interrupted, OOM-killed, failed of its own error or of a peer's, killed), judged
+  once by :class:`~colossalai_exporter.node.exits.ExitJudge`, so that a page leads
+  with the rank where an incident began.
 
 Snapshots of dead processes older than ``forget_after`` are ignored (an old
 run's leftovers). Never imports torch.
@@ -54,6 +58,8 @@ from prometheus_client.core import Metric as MetricFamily
 from colossalai_exporter import catalogue
 from colossalai_exporter.node.base import CollectorError, FuturePending, Pending
 from colossalai_exporter.node.blocking import BlockingCalls
+from colossalai_exporter.node.exits import ExitJudge
+from colossalai_exporter.node.oom import KernelLog
 from colossalai_exporter.training.families import RankFamilies
 from colossalai_exporter.training.snapshot import (
     ERROR_REASONS,
@@ -129,8 +135,10 @@ class RanksCollector:
     def __init__(self, run_dir: Path | str | None = None, *, stale_after: float = 30.0,
                  forget_after: float = 6 * 3600.0, timeout: float = 2.0,
                  clock: Callable[[], float] = time.time,
-                 calls: BlockingCalls | None = None) -> None:
-        """``calls``: the agent's runner of file system calls; by default one of its own."""
+                 calls: BlockingCalls | None = None, exits: ExitJudge | None = None) -> None:
+        """``calls``: the agent's runner of file system calls; by default one of its own.
+        ``exits``: judges how gone ranks ended; by default from the kernel log at
+        /dev/kmsg and the memory cgroups of /proc and /sys/fs/cgroup."""
         self.run_dir = Path(run_dir) if run_dir is not None else default_run_dir()
         self.stale_after = stale_after
         self.forget_after = forget_after
@@ -146,6 +154,8 @@ class RanksCollector:
         self._reading: Future[RunDirLook] | None = None
         self._pids: dict[int, int] = {}  # pid -> rank of the live local ranks, last scrape
         self._world: tuple[str, int] | None = None  # their run and world size, last scrape
+        self.exits = exits if exits is not None else ExitJudge(
+            KernelLog(), forget_after=forget_after, clock=clock)
 
     def begin(self, deadline: float) -> _Read:
         """Start reading the run directory; collect() waits for it."""
@@ -218,6 +228,8 @@ class RanksCollector:
         stopped = catalogue.gauge("colossalai_rank_process_stopped")
         alive_fam = catalogue.gauge("colossalai_rank_process_alive")
         training = RankFamilies(outside=True)
+        live: list[Snapshot] = []
+        gone: list[Snapshot] = []
         for rank, snap in look.snapshots:
             snap_age = max(0.0, now - snap.written)
             pids_mean_something = not self._other_namespace(snap.pid_ns)
@@ -229,6 +241,7 @@ class RanksCollector:
             if not alive and snap_age > self.forget_after:
                 continue
             label = [str(rank)]
+            (live if alive else gone).append(snap)
             if alive:
                 pids[snap.pid] = rank
                 world = (snap.info.get("run", ""), snap.world_size)
@@ -242,8 +255,15 @@ class RanksCollector:
             training.add(snap, now)
         self._pids = pids
         self._world = max(worlds, key=worlds.__getitem__) if worlds else None
+        exits = catalogue.info("colossalai_rank_exit_info")
+        judged = self.exits.scrape(live, gone,
+                                   lambda snap: not self._other_namespace(snap.pid_ns))
+        for snap in gone:
+            ended = judged[snap.rank]
+            exits.add_metric([str(snap.rank), snap.info.get("run", ""), ended.reason,
+                              ended.detail], {})
         served = training.families() if training.ranks else []  # no rank, no family
-        return [up, age, stopped, alive_fam, self._errors_family(), *served]
+        return [up, age, stopped, alive_fam, exits, self._errors_family(), *served]
 
     def local_pids(self) -> dict[int, int]:
         """pid -> training rank of this node's live ranks, as the last scrape saw them
@@ -281,7 +301,8 @@ class RanksCollector:
 
     def _empty(self) -> list[MetricFamily]:
         names = ("colossalai_rank_up", "colossalai_rank_snapshot_age_seconds",
-                 "colossalai_rank_process_stopped", "colossalai_rank_process_alive")
+                 "colossalai_rank_process_stopped", "colossalai_rank_process_alive",
+                 "colossalai_rank_exit_info")
         return [catalogue.family(n) for n in names]
 
     def close(self) -> None:

@@ -96,6 +96,7 @@ class Thresholds(Section, frozen=True):
     checkpoint_interval: Duration
     restart_loop_restarts: int
     restart_loop_window: Duration
+    node_lost_window: Duration
     gemini_oom_window: Duration
     checkpoint_failure_window: Duration
     kernel_failure_window: Duration

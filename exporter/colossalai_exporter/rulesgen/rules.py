@@ -37,7 +37,7 @@ INFO = "colossalai_training_info"
 # rank-down it explains, and itself follows from a named cause (a checkpoint stuck in
 # torch.save leaves that rank outside any collective while the others wait).
 SPECIFIC_CAUSE_ALERTS = ("GeminiOutOfMemory", "KernelBuildFailed", "CheckpointFailing",
-                         "CheckpointStuck")
+                         "CheckpointStuck", "TrainingRankOOMKilled", "TrainingNodeLost")
 # Causes named from the outside (who a hang waits for; a run that keeps restarting): they
 # explain the stalls and rank-downs that follow, and a specific cause explains them.
 GENERAL_CAUSE_ALERTS = ("TrainingHangSuspect", "TrainingRestartLoop")
@@ -186,7 +186,175 @@ def _waiting_text() -> str:
             "{{ end }}{{ end }}")
 
 
-def hang_suspects(t: Selector, n: Selector) -> tuple[Alert, Alert, Alert, Alert, Alert]:
+EXIT = "colossalai_rank_exit_info"
+# How a gone rank ended (node/exits.py): the reasons that are the incident itself, and
+# those that follow from another rank's end (or are no incident: finished, a signal).
+NOT_CAUSE_EXITS = 'reason=~"finished|interrupted|peer_failed|oom_killed"'
+# Ends that explain a peer_failed rank: its run's trouble began there.
+EXPLAINING_EXITS = 'reason=~"killed|failed|oom_killed|interrupted"'
+OOM_KILLED = 'reason="oom_killed"'
+PEER_FAILED = 'reason="peer_failed"'
+
+
+def rank_deaths(t: Selector, n: Selector, window: Duration) -> tuple[Alert, ...]:
+    """The rank where a run's death began, and only that rank (docs/rules.md, "The rank
+    that died first").
+
+    When one rank dies, the others follow: their collectives fail on its closed
+    connections (``peer_failed``), torchrun sends them SIGTERM (``interrupted``). The
+    node agent judges how each rank ended (``colossalai_rank_exit_info``), so the rules
+    page the rank that was killed, OOM-killed or failed of its own error, and not the
+    ranks that followed, whatever order a scrape found them gone in. A run whose every
+    rank ended by a signal was stopped (a preemption, a cancel, Ctrl-C): no page.
+    """
+    phase = "colossalai_training_phase"
+    exit_query = f"{EXIT}{{job=%q,instance=%q,rank=%q}}".replace('"', '\\"')
+    how = (f'{{{{ with printf "{exit_query}" $labels.job $labels.instance $labels.rank '
+           "| query }}{{ with first . }}{{ if eq .Labels.reason \"failed\" }}died of its own "
+           "error: {{ .Labels.detail }}{{ else }}was killed: {{ .Labels.detail }}{{ end }}"
+           "{{ end }}{{ else }}is not responding: its process is alive but has published "
+           "nothing for [[age]] (frozen in a C call holding the GIL, or stopped){{ end }}")
+    down = Alert(
+        "TrainingRankDown",
+        # The node agent's outside view: a rank killed, failed of its own error, or
+        # frozen; not one that finished, was stopped by a signal, failed because a
+        # peer did, or was OOM-killed (TrainingRankOOMKilled says more).
+        with_run(expr(f"""
+            {n("colossalai_rank_up")} == 0
+            unless on (job, instance, rank)
+              {n(EXIT, NOT_CAUSE_EXITS)}
+            unless ignoring (phase)
+              {n(phase, 'phase="finished"')} == 1
+        """), n),
+        "critical", "A training rank's process is gone or has stopped publishing its state.",
+        fill("Rank [[$rank]][[of_run]] on [[$instance]] [[how]].[[reach]]",
+             how=fill(how, age=query("colossalai_rank_snapshot_age_seconds", RANK,
+                                     "value | humanizeDuration")),
+             reach=_down_in_run()),
+        _nodes_dash(), cause="process")
+    oom = Alert(
+        "TrainingRankOOMKilled",
+        f"max without (reason, detail) (\n  {n(EXIT, OOM_KILLED)}\n)",
+        "critical", "The kernel's OOM killer ended a training rank.",
+        fill("Rank [[$rank]][[of_run]] on [[$instance]] was killed by the kernel's OOM "
+             "killer ([[detail]]): the node's or the job's memory limit was reached, by "
+             "this rank or others beside it (host-side offload, CPU Adam, data "
+             "loaders).[[reach]]",
+             detail=query(EXIT, RANK, 'label "detail"'), reach=_down_in_run()),
+        _nodes_dash())
+    lost = node_lost(t, n, window)
+    # A rank that failed because a peer did, where no rank of its run is known to have
+    # ended first: the cause is out of sight (a rank on a node without an agent, the
+    # network between nodes). Paged, so that nothing is silent.
+    any_cause = expr(f"""
+        count by (run) ({n(EXIT, EXPLAINING_EXITS)})
+        or
+        count by (run) (
+{indent(with_run(f"{n('colossalai_rank_up')} == 0 and on (job, instance, rank) "
+                 f"{n('colossalai_rank_process_alive')} == 1", n), 10)}
+        )
+        or
+        count by (run) (
+{indent(lost_ranks(n, window), 10)}
+        )
+    """)
+    peer = Alert(
+        "TrainingRankDown",
+        f"max without (reason, detail) (\n  {n(EXIT, PEER_FAILED)}\n)\n"
+        f"unless on (run)\n(\n{indent(any_cause)}\n)",
+        "critical", "A training rank's process is gone or has stopped publishing its state.",
+        fill("Rank [[$rank]][[of_run]] on [[$instance]] died of an error saying another "
+             "rank or the process group failed first ([[detail]]), and no rank of this "
+             "run is known to have ended before it: look for a rank on a node without a "
+             "node agent, or at the network between the nodes.[[reach]]",
+             detail=query(EXIT, RANK, 'label "detail"'), reach=_down_in_run()),
+        _nodes_dash(), cause="peer_failed")
+    scrape = Alert(
+        "TrainingRankDown",
+        # Only a rank server that served a run in the last hour, and with that run's
+        # label, so that a cause alert of the run mutes this one too. A target that
+        # has not served yet is a run still starting (model load before the
+        # monitor exists, minutes at scale): not down. Not a rank a node agent reports
+        # (it says better how the rank ended: finished, stopped, killed), nor one whose
+        # server last said it finished (a static target outlives its run).
+        expr(f"""
+            (
+              {t('up')} == 0
+            )
+            * on (job, instance) group_left (run, rank)
+              max by (job, instance, run, rank) (last_over_time({t(INFO)}[1h]))
+            unless on (run, rank)
+{indent(with_run(n("colossalai_rank_up"), n), 14)}
+            unless on (job, instance)
+              last_over_time({t(phase, 'phase="finished"')}[1h])
+        """),
+        "critical", "A training rank's process is gone or has stopped publishing its state.",
+        fill("Prometheus cannot scrape the rank server [[$instance]] of job [[$job]] (rank "
+             "[[$rank]][[of_run]]), and no node agent reports the rank: its process is "
+             "gone, wedged or unreachable."),
+        ("colossalai-training", {"job": "{{ $labels.job | urlquery }}"}), cause="scrape")
+    return down, peer, scrape, oom, lost
+
+
+def _down_in_run() -> str:
+    """" 3 rank(s) of this run are down in all.": how far a death reached (not counting
+    ranks that finished)."""
+    return _ranks_of_run(f'colossalai_rank_up == 0 unless on (job, instance, rank) '
+                         f'{EXIT}{{reason="finished"}}', "rank(s) of this run are down in all.")
+
+
+def lost_ranks(n: Selector, window: Duration) -> str:
+    """Ranks last reported, within ``window``, by a node agent Prometheus cannot scrape
+    now, and by no agent now: the ranks of a node that is down or cut off."""
+    return expr(f"""
+        max by (job, instance, run, rank) (last_over_time({n(INFO)}[{window}]))
+        and on (job, instance)
+          ({n("up")} == 0)
+        unless on (run, rank)
+          {n(INFO)}
+    """)
+
+
+def node_lost(t: Selector, n: Selector, window: Duration) -> Alert:
+    """TrainingNodeLost: a node gone with its agent and its ranks, while its run suffers.
+
+    A node that loses power or its network takes its node agent along: nothing on it
+    can say its ranks are down, and the surviving ranks die of their peers' closed
+    connections (or wait in a collective for them). What Prometheus still sees names
+    the node: the agent's target down, the ranks it reported gone from every agent, and
+    the run's other ranks failing or stalled since. An agent that restarts, or dies
+    alone while the run trains on, is not this (ExporterDown's).
+    """
+    trouble = expr(f"""
+        count by (run) ({n(EXIT, 'reason!="finished"')})
+        or
+        count by (run) (
+{indent(with_run(n("colossalai_training_stalled") + " == 1", n), 10)}
+        )
+        or
+        count by (run) (
+{indent(with_run(t("colossalai_training_stalled") + " == 1", t), 10)}
+        )
+    """)
+    lost_query = (f'max by (rank) (last_over_time(colossalai_training_info{{job=%q,instance=%q,'
+                  f'run=%q}}[{window}]))').replace('"', '\\"')
+    return Alert(
+        "TrainingNodeLost",
+        f"count by (job, instance, run) (\n{indent(lost_ranks(n, window))}\n)\n"
+        f"and on (run)\n(\n{indent(trouble)}\n)",
+        "critical", "A node running training ranks is gone, with its node agent.",
+        fill('Node [[$instance]] stopped answering, and with it {{ $value | printf "%.0f" }} '
+             "rank(s) of run [[$run]] ([[ranks]]): it is down, hung or cut off from the "
+             "network, and the run's other ranks failed or stalled since.",
+             ranks=(f'{{{{ range $i, $r := printf "{lost_query}" $labels.job $labels.instance '
+                    "$labels.run | query | sortByLabel \"rank\" }}{{ if $i }}, {{ end }}rank "
+                    "{{ $r.Labels.rank }}"
+                    "{{ end }}")),
+        _nodes_dash())
+
+
+def hang_suspects(t: Selector, n: Selector,
+                  window: Duration) -> tuple[Alert, Alert, Alert, Alert, Alert]:
     """TrainingHangSuspect: the rank a stalled run waits for (training/activity.py).
 
     Waiting ranks are inside a collective or inside backward (where gradient
@@ -277,17 +445,19 @@ def hang_suspects(t: Selector, n: Selector) -> tuple[Alert, Alert, Alert, Alert,
              waiting=_waiting_text(), last_error=_last_error()),
         _nodes_dash(), cause="nccl")
     behind = collectives_behind(t, n, answering, in_own_phase, outside_named)
-    return outside, not_responding, nccl, behind, unreachable(n, problem)
+    return outside, not_responding, nccl, behind, unreachable(n, problem, window)
 
 
-def unreachable(n: Selector, problem: str) -> Alert:
+def unreachable(n: Selector, problem: str, window: Duration) -> Alert:
     """TrainingHangSuspect for a rank NCCL's RAS cannot reach and no node agent reports.
 
     A node that died or dropped off the network takes its agent with it, so nothing
     says its ranks are down; the other nodes' RAS still lists them as missing from
     their communicators. In a communicator spanning the whole run the nccl collector
     knows their training rank and run (node/nccl_ras.py). Every node reports the same
-    missing rank: one alert per rank. Only while the run is stalled.
+    missing rank: one alert per rank. Only while the run is stalled, and not for a rank
+    whose node agent is known down: that is TrainingNodeLost's page, which names the
+    node (one page for one lost node).
     """
     missing = n(problem, 'problem=~"missing|unresponsive|dead"', 'rank!=""', 'run!=""')
     seen = with_run(n("colossalai_rank_up"), n)
@@ -298,7 +468,8 @@ def unreachable(n: Selector, problem: str) -> Alert:
     return Alert(
         "TrainingHangSuspect",
         f"(\n  max by (job, run, rank, rank_host, pid) (\n    {missing}\n  )\n"
-        f"  unless on (run, rank)\n{indent(seen, 4)}\n)\n"
+        f"  unless on (run, rank)\n{indent(seen, 4)}\n"
+        f"  unless on (run, rank)\n  (\n{indent(lost_ranks(n, window), 4)}\n  )\n)\n"
         f"and on (run)\n{stalled}",
         "critical", "The rank a stalled training run is waiting for.",
         fill("Rank [[$rank]][[of_run]] is the rank the others wait for: NCCL's RAS "
@@ -319,33 +490,54 @@ def collectives_behind(t: Selector, n: Selector, answering: Callable[[Selector, 
     enqueued it, so in a stalled run a rank that has enqueued fewer collectives in a
     group than another rank of it is the one that rank waits for. This names the
     rank where the activity cannot: with NCCL every rank's thread sits in a CUDA
-    synchronisation ("compute"), waiting ranks and culprit alike. The series exist
-    only while a rank is stalled, and carry their run and group themselves. A rank
-    the activity already names (outside any collective while others wait) is left to
-    that cause, whose description says more (its frame): one alert per culprit.
+    synchronisation ("compute"), waiting ranks and culprit alike. Groups are compared
+    by the name torch registered (``pg``), which every member shares. A rank behind in
+    one group may only be waiting in another, where it is ahead (pairs, then a global
+    all-reduce: the partner of a frozen rank is behind in the global group because it
+    waits in the pair): a rank ahead of another in any group waits, and is never named.
+    The series exist only while a rank is stalled, and carry their run and group
+    themselves. A rank the activity already names (outside any collective while others
+    wait) is left to that cause, whose description says more (its frame): one alert per
+    culprit.
     """
     enqueued = "colossalai_training_collective_enqueued"
-    furthest = f"max by (run, pg) (\n  {n(enqueued)}\n  or\n  {t(enqueued)}\n)"
+    both = f"{n(enqueued)}\n  or\n  {t(enqueued)}"
+    furthest = f"max by (run, pg) (\n  {both}\n)"
+    least = f"min by (run, pg) (\n  {both}\n)"
 
     def behind(sel: Selector) -> str:
         lower = (f"(\n  max without (op) (\n    {sel(enqueued)}\n  )\n"
                  f"  < on (run, pg) group_left ()\n{indent(furthest)}\n)")
         excluded = answering(sel, lower) + "\n" + in_own_phase(sel)
-        return f"(\n{indent(excluded)}\n)"
+        # One alert per culprit, whatever the number of groups it is behind in (the
+        # description lists them): its labels must not change between evaluations.
+        return f"max without (pg, pg_ranks) (\n{indent(excluded)}\n)"
 
-    ahead = f"topk(1, {enqueued}{{run=%q,pg=%q}})"
+    def ahead(sel: Selector) -> str:
+        return f"{sel(enqueued)}\n  > on (run, pg) group_left ()\n{indent(least)}"
+
+    waits_somewhere = f"(\n{indent(ahead(n))}\nor\n{indent(ahead(t))}\n)"
+    # The groups the rank is behind in (either view, each group once), and in each the
+    # collective the others wait in.
+    groups = (f"max by (pg, pg_ranks) ({enqueued}{{run=%q,rank=%q}}) < on (pg) group_left () "
+              f"max by (pg) ({enqueued}{{run=%q}})").replace('"', '\\"')
+    waited_in = f"topk(1, {enqueued}{{run=%q,pg=%q}})".replace('"', '\\"')
+    behind_in = (
+        f'{{{{ range $i, $g := printf "{groups}" $labels.run $labels.rank $labels.run '
+        '| query | sortByLabel "pg" }}{{ if $i }}; {{ end }}in process group '
+        "{{ $g.Labels.pg }} (ranks {{ $g.Labels.pg_ranks }}) it has enqueued collective "
+        "#{{ $g.Value }}, and other "
+        f'ranks wait in {{{{ with printf "{waited_in}" $labels.run $g.Labels.pg | query }}}}'
+        "{{ with first . }}#{{ .Value }}{{ with .Labels.op }} ({{ . }}){{ end }}{{ end }}"
+        "{{ else }}a later one{{ end }}{{ end }}")
     return Alert(
         "TrainingHangSuspect",
         f"(\n{indent(one_view_per_rank(behind, t, n))}\n)\nunless on (run, rank)\n"
-        f"(\n{indent(outside_named)}\n)",
+        f"{waits_somewhere}\nunless on (run, rank)\n(\n{indent(outside_named)}\n)",
         "critical", "The rank a stalled training run is waiting for.",
-        fill("Rank [[$rank]][[of_run]] on [[$instance]] is the rank the others wait for: in "
-             "process group [[$pg]] it has enqueued collective #{{ $value }}, and other "
-             "ranks wait in [[ahead]].[[last_error]]",
-             ahead=(f'{{{{ with printf "{ahead}" $labels.run $labels.pg | query }}}}'
-                    '{{ with first . }}#{{ .Value }}{{ with .Labels.op }} ({{ . }}){{ end }}'
-                    "{{ end }}{{ else }}a later one{{ end }}"),
-             last_error=_last_error()),
+        fill("Rank [[$rank]][[of_run]] on [[$instance]] is the rank the others wait for: "
+             "[[behind_in]]; it waits in no process group.[[last_error]]",
+             behind_in=behind_in, last_error=_last_error()),
         _training_dash(), cause="collectives_behind")
 
 
@@ -562,7 +754,7 @@ def training(config: RulesConfig) -> RuleFile:
                  reach=_ranks_of_run("colossalai_training_stalled == 1",
                                      "rank(s) of this run are stalled.")),
             _training_dash()),
-        *hang_suspects(t, n),
+        *hang_suspects(t, n, th.node_lost_window),
         phase_over_budget(
             "TrainingStartupStuck", "init|kernels",
             "A training rank is stuck in start-up (init or kernel build) beyond its budget.",
@@ -598,39 +790,7 @@ def training(config: RulesConfig) -> RuleFile:
                  interval=th.checkpoint_interval,
                  step=query("colossalai_checkpoint_last_step", RANK, "value", otherwise="none")),
             _training_dash()),
-        Alert(
-            "TrainingRankDown",
-            # The node agent's outside view: a SIGKILLed, OOM-killed or frozen rank.
-            with_run(expr(f"""
-                {n("colossalai_rank_up")} == 0
-                unless ignoring (phase)
-                  {n(phase, 'phase="finished"')} == 1
-            """), n),
-            "critical", "A training rank's process is gone or has stopped publishing its state.",
-            fill("Rank [[$rank]][[of_run]] on [[$instance]] is down: its process is gone "
-                 "or frozen (state snapshot [[age]] old).[[reach]][[last_error]]",
-                 age=query("colossalai_rank_snapshot_age_seconds", RANK,
-                           "value | humanizeDuration"),
-                 reach=_ranks_of_run("colossalai_rank_up == 0", "rank(s) of this run are down."),
-                 last_error=_last_error()),
-            _nodes_dash(), cause="process"),
-        Alert(
-            "TrainingRankDown",
-            # Only a rank server that served a run in the last hour, and with that run's
-            # label, so that a cause alert of the run mutes this one too. A target that
-            # has not served yet is a run still starting (model load before the
-            # monitor exists, minutes at scale): not down.
-            expr(f"""
-                (
-                  {t('up')} == 0
-                )
-                * on (job, instance) group_left (run)
-                  max by (job, instance, run) (last_over_time({t(INFO)}[1h]))
-            """),
-            "critical", "A training rank's process is gone or has stopped publishing its state.",
-            fill("Prometheus cannot scrape the rank server [[$instance]] of job [[$job]]: the "
-                 "rank's process is gone, wedged or unreachable."),
-            ("colossalai-training", {"job": "{{ $labels.job | urlquery }}"}), cause="scrape"),
+        *rank_deaths(t, n, th.node_lost_window),
         Alert(
             "TrainingStraggler",
             f"{STEP_RATE_RATIO} < {number(th.straggler_ratio)}",
@@ -991,7 +1151,8 @@ def alert_names() -> set[str]:
 
 ALERT_NAMES = (
     "TrainingStalled", "TrainingHangSuspect", "TrainingStartupStuck", "CheckpointStuck",
-    "CheckpointOverdue", "TrainingRestartLoop", "TrainingRankDown", "TrainingStraggler",
+    "CheckpointOverdue", "TrainingRestartLoop", "TrainingRankDown", "TrainingRankOOMKilled",
+    "TrainingNodeLost", "TrainingStraggler",
     "GeminiOutOfMemory",
     "CheckpointFailing", "KernelBuildFailed", "KernelsNotReady",
     "TrainingHeartbeatFailing", "GPUMemoryOOMRisk", "HostMemoryOOMRisk", "CheckpointDiskLow",

@@ -52,7 +52,49 @@ def error_record(exc: BaseException, where: str, device: Device | None,
     if note:
         message = f"{note}: {message}"[:MESSAGE_LIMIT]
     return LastError(time=now, where=where, type=type(exc).__name__, device=device or "",
-                     message=message)
+                     message=message, peer=device is None and is_peer_failure(exc))
+
+
+# What a rank raises when another rank, or the link to it, failed first: the first rank
+# to die takes its connections with it, and every rank in a collective with it then
+# fails on its own side. These texts are the backends' and torch's own (gloo's
+# tcp/pair.cc, ProcessGroupNCCL's watchdog and abort, NCCL's ncclRemoteError, the
+# TCPStore client); a page must name the rank that died first, not these.
+_PEER_FAILURE = re.compile(
+    "|".join((
+        r"connection (?:closed|reset) by peer",
+        r"broken pipe",
+        r"application timeout caused pair closure",
+        r"timed out waiting \d+ ?ms for (?:recv|send)",  # gloo: the peer never came
+        r"communicator was aborted",
+        r"watchdog caught collective operation timeout",
+        r"remote process exited or there was a network error",
+        r"some nccl operations have failed or timed out",
+        r"failed to recv, got 0 bytes",
+        r"connection refused",  # the store went with its host (rank 0's launcher)
+    )),
+    re.IGNORECASE)
+# torch.distributed's errors of the network and of the store: a peer or the rendezvous
+# host is gone (a local NCCL or CUDA fault raises DistBackendError, which is not this).
+_PEER_FAILURE_TYPES = frozenset({"DistNetworkError", "DistStoreError"})
+
+
+def is_peer_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` says another rank or the process group failed, not this rank.
+
+    Looks at the whole message and at the exceptions it was raised from, since
+    ColossalAI and user code often re-raise a backend's error with their own first line.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        if type(current).__name__ in _PEER_FAILURE_TYPES:
+            return True
+        if _PEER_FAILURE.search(str(current)):
+            return True
+        current = current.__cause__ or current.__context__
+    return False
 
 
 # Below this much free space a failed save is put down to a full filesystem: less than

@@ -114,8 +114,8 @@ class RankFamilies:
         self._activity(snap, rank, stalled)
         if stalled:  # like the activity: only while stalled, when it does not move
             for group in snap.collectives or ():
-                add("colossalai_training_collective_enqueued", [rank, run, group.pg, group.op],
-                    group.enqueued)
+                add("colossalai_training_collective_enqueued",
+                    [rank, run, group.pg, group.ranks, group.op], group.enqueued)
         add("colossalai_training_activity_samples_total", [rank], snap.activity_samples)
         add("colossalai_training_waiting_samples_total", [rank], snap.waiting_samples)
         for device in DEVICES:  # each device from 0, so the first OOM is an increase

@@ -1,11 +1,14 @@
 """torch's flight recorder: each process group's collective progress, and stall evidence.
 
-**Progress** (:func:`progress`): for every process group, the sequence number of
-the last collective this rank enqueued, and its name (``gloo:all_reduce``,
+**Progress** (:class:`ProgressReader`): for every process group, by the name
+every member shares, its global ranks, the sequence number of the last
+collective this rank enqueued, and its name (``gloo:all_reduce``,
 ``nccl:all_reduce``). Read by the publisher while the rank is stalled, never on
 the training thread. A collective completes on no rank before every rank of
 its group has enqueued it, so in a stalled run the ranks that wait have
-enqueued a later collective than the rank they wait for, in the same group.
+enqueued a later collective than the rank they wait for, in the same group
+(groups are told apart by the name torch registered for them: ``pg_status``
+numbers a process's groups by creation order, which differs between ranks).
 That names the culprit where the place its thread sits cannot: with NCCL,
 collectives return at once on the CPU and every rank's thread waits in some
 CUDA synchronisation, in "compute". torch 2.13 records gloo's collectives
@@ -32,11 +35,13 @@ never imported torch has no flight recorder to dump.
 
 from __future__ import annotations
 
+import hashlib
+import itertools
 import os
 import pickle
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,63 +93,142 @@ def dump(run_dir: Path, rank: int, now: float | None = None,
 class GroupProgress(msgspec.Struct, frozen=True, kw_only=True):
     """One process group's collectives on this rank, from the flight recorder."""
 
-    #: the group's name, the same on every rank ("0" is the default group)
+    #: the group's name as torch registers it (``new_group``'s counter, the same on every
+    #: member of the group; "0" is the default group): what keys a comparison between ranks
     pg: str
+    #: the group's global ranks, short (:func:`ranks_label`): what a page shows
+    ranks: str = ""
     #: sequence number of the last collective this rank enqueued in the group
     enqueued: int
     #: its name (``gloo:all_reduce``), when the recorder still holds it
     op: str = ""
 
 
-def progress(known: list[GroupProgress] | None = None) -> list[GroupProgress] | None:
-    """Every process group's progress on this rank; None when the process has no
-    initialised torch.distributed or its torch records nothing.
+def ranks_label(ranks: Sequence[int]) -> str:
+    """A group's global ranks in a few characters: ``0-7`` (contiguous), ``1,3`` (up to
+    eight others), ``0-254/2`` (every second rank of many), and a long irregular list as
+    its size and a digest (``64 ranks #1a2b3c4d``): the default group of a 4,096-rank run
+    would otherwise be a 20 kB label value."""
+    ordered = sorted(set(ranks))
+    if not ordered:
+        return ""
+    if len(ordered) == 1:
+        return str(ordered[0])
+    if ordered[-1] - ordered[0] == len(ordered) - 1:
+        return f"{ordered[0]}-{ordered[-1]}"
+    if len(ordered) <= 8:
+        return ",".join(map(str, ordered))
+    step = ordered[1] - ordered[0]
+    if all(b - a == step for a, b in itertools.pairwise(ordered)):
+        return f"{ordered[0]}-{ordered[-1]}/{step}"
+    digest = hashlib.sha1(",".join(map(str, ordered)).encode()).hexdigest()[:8]
+    return f"{len(ordered)} ranks #{digest}"
 
-    Two reads: the groups' status alone (about 10 us), and the recorded entries only
-    when a group has moved since ``known`` (the last answer), to name its last
+
+class ProgressReader:
+    """Every process group's progress on this rank, read from torch's flight recorder.
+
+    Read by the publisher while the rank is stalled (never on the training thread),
+    in two steps: the groups' status alone (about 10 us), and the recorded entries only
+    when the status moved since the last read, to find each group's name and last
     collective: the entries cost tens of milliseconds once the ring buffer is full
     (2,000 by default; bench/RESULTS.md), and a stalled rank does not move.
-    Errors from torch propagate: the caller counts them as the monitor's own.
+
+    The status is keyed by a number each process gives its groups in the order it
+    created them (gloo), not by the group's name: ranks 2 and 3 of a job with pairs
+    ``[0, 1]`` and ``[2, 3]`` call their pair "1", as ranks 0 and 1 call theirs. The
+    entries carry the name torch registered, which every member shares, and that is
+    what a rank's progress is compared by (NCCL's status is keyed by that name already,
+    with the group's ranks in ``pg_config``).
     """
-    distributed = sys.modules.get("torch.distributed")
-    c10d = sys.modules.get("torch._C._distributed_c10d")
-    if distributed is None or c10d is None or not distributed.is_initialized():
-        return None
-    for name in DUMP_FUNCTIONS:
-        function = getattr(c10d, name, None)
-        if function is not None:
-            break
-    else:
-        return None
-    # Our own process's memory, pickled by torch: plain dicts, lists and strings.
-    status = pickle.loads(function(includeCollectives=False, includeStackTraces=False,
-                                   onlyActive=True))
-    groups = parse_progress(status)
-    if groups is None or not groups:
-        return groups
-    if known is not None and [(g.pg, g.enqueued) for g in known] == [
-            (g.pg, g.enqueued) for g in groups]:
-        return known  # nothing moved: the names found before still hold
-    return parse_progress(pickle.loads(function(includeCollectives=True,
-                                                includeStackTraces=False, onlyActive=True)))
+
+    def __init__(self) -> None:
+        self._status: Any = None
+        self._groups: list[GroupProgress] | None = None
+
+    def read(self) -> list[GroupProgress] | None:
+        """None when the process has no initialised torch.distributed or its torch
+        records nothing. Errors from torch propagate: the caller counts them as the
+        monitor's own."""
+        distributed = sys.modules.get("torch.distributed")
+        c10d = sys.modules.get("torch._C._distributed_c10d")
+        if distributed is None or c10d is None or not distributed.is_initialized():
+            return None
+        for name in DUMP_FUNCTIONS:
+            function = getattr(c10d, name, None)
+            if function is not None:
+                break
+        else:
+            return None
+        # Our own process's memory, pickled by torch: plain dicts, lists and strings.
+        status = pickle.loads(function(includeCollectives=False, includeStackTraces=False,
+                                       onlyActive=True)).get("pg_status")
+        if status == self._status and self._groups is not None:
+            return self._groups  # nothing moved: the names found before still hold
+        # onlyActive=False: NCCL drops completed entries from the active ones, and the
+        # rank a hang waits for has completed every collective it enqueued.
+        dump = pickle.loads(function(includeCollectives=True, includeStackTraces=False,
+                                     onlyActive=False))
+        self._status, self._groups = status, parse_progress(dump, group_members())
+        return self._groups
 
 
-def parse_progress(dump: Mapping[str, Any]) -> list[GroupProgress] | None:
-    """The groups of a flight recorder dump (its ``pg_status`` and ``entries``)."""
+def group_members() -> dict[str, list[int]]:
+    """Each process group's global ranks by its registered name, as this process's
+    torch.distributed knows them (plain Python dicts: no collective, no device)."""
+    c10d = sys.modules.get("torch.distributed.distributed_c10d")
+    world = getattr(c10d, "_world", None)
+    try:
+        names = dict(world.pg_names)  # type: ignore[union-attr]
+        ranks = dict(world.pg_group_ranks)  # type: ignore[union-attr]
+    except (AttributeError, TypeError):
+        return {}
+    return {str(name): sorted(ranks.get(group, {})) for group, name in names.items()}
+
+
+def parse_progress(dump: Mapping[str, Any], members: Mapping[str, Sequence[int]] | None = None,
+                   ) -> list[GroupProgress] | None:
+    """The groups of a flight recorder dump, by their registered names.
+
+    From its ``entries`` (each names its group and sequence number) and, for groups
+    that ``pg_config`` names (NCCL's, whose status is keyed by name), its
+    ``pg_status``. ``members``: each group's global ranks, where the dump's own
+    ``pg_config`` does not list them (gloo's is empty).
+    """
     status = dump.get("pg_status")
     if not isinstance(status, Mapping) or not status:
         return None
-    names: dict[tuple[str, int], str] = {}
+    members = dict(members or {})
+    config = dump.get("pg_config")
+    enqueued: dict[str, int] = {}
+    ops: dict[str, str] = {}
+    if isinstance(config, Mapping):
+        for name, group in config.items():
+            if not name or not isinstance(group, Mapping):
+                continue
+            ranks = _config_ranks(group.get("ranks"))
+            if ranks and name not in members:
+                members[str(name)] = ranks
+            state = status.get(name)
+            if isinstance(state, Mapping):
+                enqueued[str(name)] = int(state.get("last_enqueued_collective", -1))
     for entry in dump.get("entries") or ():
         group = entry.get("process_group") or ("",)
         seq = entry.get("collective_seq_id")
-        if isinstance(seq, int):
-            names[str(group[0]), seq] = str(entry.get("profiling_name", ""))
-    groups = []
-    for pg, state in sorted(status.items()):
-        enqueued = int(state.get("last_enqueued_collective", -1))
-        if enqueued < 0:
-            continue  # a group that never ran a collective says nothing
-        groups.append(GroupProgress(pg=str(pg), enqueued=enqueued,
-                                    op=names.get((str(pg), enqueued), "")))
-    return groups
+        name = str(group[0])
+        if isinstance(seq, int) and name and seq >= enqueued.get(name, -1):
+            enqueued[name] = seq
+            ops[name] = str(entry.get("profiling_name", ""))
+    return [GroupProgress(pg=name, ranks=ranks_label(members.get(name, ())), enqueued=seq,
+                          op=ops.get(name, ""))
+            for name, seq in sorted(enqueued.items()) if seq >= 0]
+
+
+def _config_ranks(text: object) -> list[int]:
+    # pg_config writes a group's ranks as the text of a list: "[0, 1]"
+    if not isinstance(text, str):
+        return []
+    try:
+        return [int(r) for r in text.strip("[] ").split(",") if r.strip()]
+    except ValueError:
+        return []

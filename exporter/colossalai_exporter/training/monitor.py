@@ -38,7 +38,8 @@ from colossalai_exporter.training.device_loss import DeviceLossReader
 from colossalai_exporter.training.errors import error_record, space_note
 from colossalai_exporter.training.heartbeat import HeartbeatSender
 from colossalai_exporter.training.oom import Device, classify_oom
-from colossalai_exporter.training.snapshot import Snapshot
+from colossalai_exporter.training.signals import SignalRecorder
+from colossalai_exporter.training.snapshot import Interruption, Snapshot
 from colossalai_exporter.training.stacks import write_stacks
 from colossalai_exporter.training.state import (
     PHASES,
@@ -51,12 +52,6 @@ from colossalai_exporter.training.state import (
 log = logging.getLogger("colossalai_exporter.training")
 
 DEFAULT_PORT = 8766
-# Phases whose snapshot is written by the thread entering them, before it goes on: a
-# checkpoint or a kernel build is where a process freezes in the kernel holding the
-# GIL (torch.save opening a file on a hung mount does), and then the publisher thread
-# never runs again to say so. Both are rare (minutes apart), so the ~50 us write to
-# the run directory costs nothing a step would notice; steps never publish.
-SYNC_PUBLISH_PHASES = frozenset({"checkpointing", "kernels"})
 SERVE_MODES = ("rank0", "local", "none")
 _RING_MASK = RECENT_STEPS - 1
 _perf = time.perf_counter
@@ -194,10 +189,10 @@ class TrainingMonitor:
       one job share (see :func:`detect_run_id`).
     * ``watch_kernels``: watch ColossalAI's ``KernelLoader.load`` as phase
       ``kernels`` (default True; see :meth:`kernels`).
+    * ``record_signals``: record SIGTERM and SIGINT in the snapshot before they take
+      effect (default True; :mod:`.signals`), so that a preempted or cancelled rank,
+      and a rank torchrun stops after another failed, is not paged as a crash.
     """
-
-    #: the flight recorder's last answer, kept: naming its collectives is costly
-    _collectives: list[flight_recorder.GroupProgress] | None = None
 
     def __init__(
         self,
@@ -223,6 +218,7 @@ class TrainingMonitor:
         loss_from_device: bool | None = None,
         run_id: str | None = None,
         watch_kernels: bool = True,
+        record_signals: bool = True,
         start: bool = True,
     ) -> None:
         d_rank, d_local, d_world = detect_ranks()
@@ -251,21 +247,23 @@ class TrainingMonitor:
         else:
             self.run_dir = Path(run_dir)
         self._publish_interval = publish_interval
-        nvme = os.environ.get("NVME_PATH")
-        self._nvme_paths = nvme_paths if nvme_paths is not None else ((nvme,) if nvme else ())
+        self._nvme_paths = nvme_paths if nvme_paths is not None else tuple(
+            filter(None, [os.environ.get("NVME_PATH")]))
         self._loss_reader = DeviceLossReader(synchronous=bool(loss_from_device))
         self._loss_ref: Any = None
         self._last_loss_ref: Any = None
         self._watch_kernels = watch_kernels
+        self._signals = SignalRecorder(self._interrupted) if record_signals else None
         self._kernel_depth = 0  # nested kernels() blocks (a loader that loads another)
         self._checkpoint_path: str | os.PathLike[str] | None = None
         self._step = Step(self)  # reused: no allocation per step
-        self._publish_lock = threading.Lock()
+        # Reentrant: a signal's handler runs in the main thread between two bytecodes,
+        # possibly of a publish of that same thread, and publishes at once.
+        self._publish_lock = threading.RLock()
         self._last_done: float | None = None  # perf_counter of the last step_done()
         # The training phase's stall budget, as the publisher last computed it: a step's
         # productive seconds stop there (one comparison on the hot path).
         self._step_cap = float("inf")
-        self._checkpoint_started: float | None = None
         self._reported: set[str] = set()
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -276,6 +274,8 @@ class TrainingMonitor:
         self._thread: threading.Thread | None = None
         self._server: Any = None
         self._pollers: list[Callable[[RankState], None]] = []
+        # the flight recorder's groups, kept between reads: naming them is costly
+        self._progress = flight_recorder.ProgressReader()
         self.evidence_files: list[Path] = []  # stall evidence written so far (stacks, FR)
         sends = self.rank == 0 or heartbeat_all_ranks
         self._heartbeats = HeartbeatSender(
@@ -310,6 +310,9 @@ class TrainingMonitor:
         self._heartbeats.start()
         self._start_server()
         _fatal_hook.attach(self)
+        if self._signals is not None and not self._signals.install():
+            log.info("rank %d: the monitor was started outside the main thread; SIGTERM "
+                     "and SIGINT are not recorded", self.rank)
         if self._watch_kernels:
             from colossalai_exporter.training import colossal
 
@@ -349,6 +352,8 @@ class TrainingMonitor:
     def close(self) -> None:
         """Publish a last snapshot, stop the threads and the server."""
         _fatal_hook.detach(self)
+        if self._signals is not None:
+            self._signals.uninstall()
         if self._watch_kernels:
             from colossalai_exporter.training import colossal
 
@@ -442,10 +447,15 @@ class TrainingMonitor:
             state.kernels_ready = False
         state.phase_start = _wall()
         state.phase = name
-        if name in SYNC_PUBLISH_PHASES and self._thread is not None:
+        # Every phase change is written by the thread making it, before it goes on: a
+        # process that freezes holding the GIL right after (torch.save opening a file on
+        # a hung mount, the first step after a checkpoint hung in a C call) never lets
+        # the publisher thread run again, and the rules read the phase from the last
+        # snapshot. Phase changes are rare (the first step, checkpoints, evaluations,
+        # kernel builds: minutes apart), so the ~50 us write to the run directory costs
+        # nothing a step would notice; steps never publish.
+        if self._thread is not None:
             self._publish_now()
-        else:
-            self._wake.set()  # snapshot on every phase change (not per step)
 
     @contextlib.contextmanager
     def kernels(self) -> Iterator[None]:
@@ -553,6 +563,12 @@ class TrainingMonitor:
         self._state.error = reason[:500]
         self.phase("failed")
         self._publish_once()
+
+    def _interrupted(self, name: str) -> None:
+        """SIGTERM or SIGINT arrived (training/signals.py): say so before it ends the rank."""
+        state = self._state
+        state.interruption = Interruption(signal=name, time=_wall(), steps=state.steps)
+        self._publish_now()
 
     # ------------------------------------------------------------------ ColossalAI
     def watch(self, booster: Any, model: Any = None) -> None:
@@ -709,10 +725,9 @@ class TrainingMonitor:
             # the one the others wait for. Only while stalled: about 10 us a publish after
             # the stall's first read (up to 0.14 s with torch's buffer full).
             try:
-                self._collectives = flight_recorder.progress(self._collectives)
+                snap.collectives = self._progress.read()
             except Exception as exc:
                 self._error("stacks", exc)
-            snap.collectives = self._collectives
 
     def _count_activity(self, snap: Snapshot) -> None:
         # The publisher's regular samples while training, counted: the share a rank

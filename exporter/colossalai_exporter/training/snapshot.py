@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Final, Literal
@@ -62,6 +63,20 @@ class LastError(msgspec.Struct, kw_only=True):
     type: str
     device: str = ""
     message: str = ""
+    #: the error says another rank or the process group failed (a peer's connection
+    #: closed, a communicator aborted, a collective timed out), not this rank
+    peer: bool = False
+
+
+class Interruption(msgspec.Struct, kw_only=True):
+    """A termination signal the rank received (training/signals.py): SIGTERM from a
+    scheduler preempting or cancelling the job, or from torchrun stopping the ranks
+    that survive a failed one; SIGINT from Ctrl-C."""
+
+    signal: str
+    time: float
+    #: steps completed when it came: a rank that trains on afterwards was not ended by it
+    steps: int = 0
 
 
 class Snapshot(msgspec.Struct, kw_only=True):
@@ -107,6 +122,8 @@ class Snapshot(msgspec.Struct, kw_only=True):
     info: dict[str, str] = msgspec.field(default_factory=dict)
     stalled: bool = False
     reason: str = ""
+    #: the termination signal that is ending the rank, once received
+    interruption: Interruption | None = None
     #: where the training thread was when this was written (training/activity.py)
     activity: Activity | None = None
     #: while stalled: each process group's last enqueued collective (flight recorder)
@@ -210,7 +227,9 @@ def prepare_run_dir(run_dir: Path) -> None:
 def write_snapshot(run_dir: Path, snap: Snapshot) -> Path:
     """Atomically replace the rank's snapshot file; returns its path."""
     path = snapshot_path(run_dir, snap.rank)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    # One temporary file per thread: a signal handler may publish in the main thread
+    # while that thread is in the middle of writing (training/signals.py).
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     with open(tmp, "wb") as f:
         f.write(encode(snap))
     os.replace(tmp, path)

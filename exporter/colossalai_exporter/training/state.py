@@ -26,6 +26,7 @@ from colossalai_exporter.training.snapshot import (
     CheckpointState,
     GeminiState,
     HeartbeatState,
+    Interruption,
     LastError,
     Snapshot,
 )
@@ -93,7 +94,7 @@ class RankState:
                  "checkpoint_last_step", "checkpoint_last_success", "checkpointed",
                  "checkpointing",
                  "created", "d2h_bytes", "duration_sum", "error", "gemini_chunk_memory",
-                 "h2d_bytes", "heartbeats", "hist", "info", "kernel_failures",
+                 "h2d_bytes", "heartbeats", "hist", "info", "interruption", "kernel_failures",
                  "kernels_ready", "last_error", "last_step", "local_rank", "loss",
                  "monitor_errors", "oom", "phase", "phase_start", "pid", "pid_ns",
                  "pid_start", "productive", "rank", "recent", "samples",
@@ -117,6 +118,8 @@ class RankState:
         # The last exception the monitor saw leave a step, checkpoint, kernel load or the
         # run: {"time", "where", "type", "device", "message"}; what a page names as cause.
         self.last_error: LastError | None = None
+        # SIGTERM or SIGINT received (training/signals.py), until the rank trains on
+        self.interruption: Interruption | None = None
         self.kernel_failures = 0
         self.steps = 0
         self.last_step: float | None = None
@@ -166,6 +169,11 @@ class RankState:
             else phase_start
         error = self.last_error
         gemini = self.gemini_chunk_memory
+        interruption = self.interruption
+        if interruption is not None and self.steps > interruption.steps + 1:
+            # A handler of the user's took the signal and the loop went on training
+            # (the step in flight when it came may still complete): it ended nothing.
+            self.interruption = interruption = None
         snap = Snapshot(
             rank=self.rank, local_rank=self.local_rank, world_size=self.world_size,
             pid=self.pid, pid_start=self.pid_start, pid_ns=self.pid_ns,
@@ -173,6 +181,7 @@ class RankState:
             phase=phase, phase_start=phase_start, error=self.error,  # type: ignore[arg-type]
             kernels_ready=self.kernels_ready, kernel_failures=self.kernel_failures,
             last_error=error,  # replaced whole, never changed in place
+            interruption=interruption,
             steps=self.steps, last_step=last_step,
             samples=self.samples, tokens=self.tokens, loss=self.loss,
             step_buckets=list(STEP_BUCKETS), step_hist=list(self.hist),

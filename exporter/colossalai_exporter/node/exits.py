@@ -1,0 +1,198 @@
+"""How each local rank's process ended, judged from outside: what a page names as the cause.
+
+When one rank of a job dies, the others follow within milliseconds: their
+collectives fail on the dead rank's closed connections, torchrun sends SIGTERM to
+the survivors, a scheduler's preemption ends them all at once. Which of the dead
+ranks is the incident is not in the order they vanished (a scrape sees them all
+gone at once), but in how each one ended:
+
+``finished``
+    the run completed (phase finished).
+``interrupted``
+    the rank received SIGTERM or SIGINT and recorded it (training/signals.py): a
+    scheduler preempting or cancelling the job, torchrun stopping the ranks that
+    survived another's failure, Ctrl-C. Not an incident of its own.
+``oom_killed``
+    the kernel's OOM killer ended it. The kernel log names the victim's pid
+    (exact); where it cannot be read (a container without CAP_SYSLOG), the rank's
+    memory cgroup counting an OOM kill since the rank was last seen alive, else the
+    node's ``/proc/vmstat`` count rising then, stands in (and the detail says which).
+``failed``
+    it raised an exception of its own (its last error, recorded before it died).
+``peer_failed``
+    it raised an error that says another rank or the process group failed first
+    (a peer's connection closed, a communicator aborted, a collective timed out):
+    a consequence, never the cause.
+``killed``
+    it vanished with no error, no signal and no OOM kill recorded: SIGKILL from
+    outside, a crash in native code, or an OOM kill no evidence could show.
+
+Each rank is judged once, when its process is first found gone, and the verdict
+is kept (a cgroup's OOM count compared later would blame it for another rank's
+kill). The evidence that must be taken while the rank lives (its memory cgroup
+and the counts then) is only gathered when the kernel log cannot be read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Final
+
+from colossalai_exporter.node.oom import (
+    KernelLog,
+    MemoryCgroup,
+    OomKill,
+    cgroup_oom_kills,
+    describe,
+    memory_cgroup,
+    vmstat_oom_kills,
+)
+from colossalai_exporter.training.snapshot import Snapshot
+
+REASONS: Final = ("finished", "interrupted", "oom_killed", "failed", "peer_failed", "killed")
+# An OOM kill in the kernel log counts for a rank only if logged after the rank's
+# process started (a pid is reused), with this much slack for the clocks' rounding.
+CLOCK_SLACK_SECONDS: Final = 1.0
+
+
+@dataclass(frozen=True)
+class Exit:
+    """How a rank's process ended: one of :data:`REASONS` and a phrase for the page."""
+
+    reason: str
+    detail: str = ""
+
+
+@dataclass
+class _Baseline:
+    """What a live rank's death will be compared with, when the kernel log is unreadable."""
+
+    cgroup: MemoryCgroup | None
+    cgroup_kills: tuple[int, int] | None
+    node_kills: int | None
+
+
+class ExitJudge:
+    """Judges the end of each local rank (see the module docstring).
+
+    ``kernel_log`` None: the kernel log is not read at all (the cgroup and
+    ``/proc/vmstat`` fallbacks only). ``proc_root`` and ``sys_root`` let tests hand
+    it a fake ``/proc`` and ``/sys/fs/cgroup``.
+    """
+
+    def __init__(self, kernel_log: KernelLog | None = None, *, proc_root: str = "/proc",
+                 sys_root: str = "/sys/fs/cgroup", forget_after: float = 6 * 3600.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.kernel_log = kernel_log
+        self.proc_root = proc_root
+        self.sys_root = sys_root
+        self.forget_after = forget_after
+        self._clock = clock
+        self._kills: dict[int, OomKill] = {}  # victim pid -> its kill, from the kernel log
+        self._baselines: dict[tuple[int, float | None], _Baseline] = {}
+        self._verdicts: dict[tuple[int, float | None], Exit] = {}
+        self._pids_mean_something: Callable[[Snapshot], bool] = lambda snap: True
+
+    def _key(self, snap: Snapshot) -> tuple[int, float | None]:
+        return snap.pid, snap.pid_start
+
+    def _exact(self) -> bool:
+        """Whether the kernel log is being read (then it alone names OOM victims)."""
+        return self.kernel_log is not None and self.kernel_log.readable is True
+
+    def scrape(self, alive: Iterable[Snapshot], gone: Iterable[Snapshot],
+               pids_mean_something: Callable[[Snapshot], bool]) -> dict[int, Exit]:
+        """One scrape: note the live ranks, judge the gone ones; rank -> exit.
+
+        ``pids_mean_something``: False for a rank in another PID namespace, whose pid
+        names no process here (nothing is looked up or matched by it)."""
+        self._pids_mean_something = pids_mean_something
+        if self.kernel_log is not None:
+            now = self._clock()
+            for kill in self.kernel_log.poll():
+                self._kills[kill.pid] = kill
+            self._kills = {pid: k for pid, k in self._kills.items()
+                           if now - k.time <= self.forget_after}
+        gone = list(gone)
+        exits = {snap.rank: self._judge(snap) for snap in gone}
+        self._note_alive([s for s in alive if pids_mean_something(s)])
+        keep = {self._key(s) for s in gone}
+        self._verdicts = {k: v for k, v in self._verdicts.items() if k in keep}
+        return exits
+
+    def _note_alive(self, alive: list[Snapshot]) -> None:
+        if self._exact():
+            self._baselines.clear()  # the kernel log names victims: nothing to compare
+            return
+        node_kills = vmstat_oom_kills(self.proc_root)
+        counts: dict[MemoryCgroup, tuple[int, int] | None] = {}
+        baselines: dict[tuple[int, float | None], _Baseline] = {}
+        for snap in alive:
+            key = self._key(snap)
+            known = self._baselines.get(key)
+            # A process's cgroup is looked up once; its counts are read every scrape,
+            # once per cgroup however many ranks share it (a Slurm job's, a pod's).
+            cgroup = known.cgroup if known is not None else \
+                memory_cgroup(snap.pid, self.proc_root, self.sys_root)
+            if cgroup is not None and cgroup not in counts:
+                counts[cgroup] = cgroup_oom_kills(cgroup)
+            baselines[key] = _Baseline(cgroup, counts.get(cgroup) if cgroup else None,
+                                       node_kills)
+        self._baselines = baselines
+
+    def _judge(self, snap: Snapshot) -> Exit:
+        key = self._key(snap)
+        verdict = self._verdicts.get(key)
+        if verdict is None:
+            verdict = self._verdicts[key] = self._first_judgement(snap)
+        return verdict
+
+    def _first_judgement(self, snap: Snapshot) -> Exit:
+        if snap.phase == "finished":
+            return Exit("finished")
+        if snap.interruption is not None:
+            return Exit("interrupted", f"received {snap.interruption.signal}")
+        foreign = not self._pids_mean_something(snap)
+        kill = None if foreign else self._kills.get(snap.pid)
+        if kill is not None and kill.time >= snap.created - CLOCK_SLACK_SECONDS:
+            return Exit("oom_killed", f"{describe(kill)}; from the kernel log")
+        error = snap.last_error
+        if snap.phase == "failed":
+            if error is None:
+                return Exit("failed", snap.error)
+            return Exit("peer_failed" if error.peer else "failed",
+                        f"{error.type}: {error.message}")
+        if foreign:
+            return Exit("killed", "its state snapshot stopped, and its process is in another "
+                                  "PID namespace than this agent's: killed, or frozen")
+        return self._fallback(snap)
+
+    def _fallback(self, snap: Snapshot) -> Exit:
+        """A rank gone without a word: an OOM kill its cgroup or the node counted, or not."""
+        baseline = self._baselines.get(self._key(snap))
+        unreadable = "" if self.kernel_log is None or self._exact() else \
+            f" (the kernel log, which names the victim, cannot be read: {self.kernel_log.problem})"
+        if baseline is not None and baseline.cgroup is not None \
+                and baseline.cgroup_kills is not None:
+            now = cgroup_oom_kills(baseline.cgroup)
+            if now is not None and now > baseline.cgroup_kills:
+                group = now[1] > baseline.cgroup_kills[1]
+                what = "killed every process of it (memory.oom.group)" if group else \
+                    "counted an OOM kill"
+                return Exit("oom_killed", f"memory cgroup {baseline.cgroup.path} {what} as "
+                                          f"the rank vanished{unreadable}")
+        if baseline is not None and baseline.node_kills is not None:
+            now_node = vmstat_oom_kills(self.proc_root)
+            if now_node is not None and now_node > baseline.node_kills:
+                return Exit("oom_killed", "the node's OOM-kill count (/proc/vmstat) rose as "
+                                          "the rank vanished; neither the kernel log nor "
+                                          "the rank's memory cgroup could say more")
+        if self._exact():
+            return Exit("killed", "its process vanished with no error, no signal recorded "
+                                  "and no OOM kill in the kernel log: SIGKILL from outside, "
+                                  "or a crash in native code")
+        return Exit("killed", "its process vanished with no error and no signal recorded: "
+                              "SIGKILL from outside, a crash in native code, or an OOM kill "
+                              f"nothing on this node could show{unreadable}")

@@ -1,0 +1,355 @@
+"""How a rank ended, judged from outside (node/exits.py), and what the rank records for it
+(training/signals.py, training/errors.py): real rank processes ending every way a
+rank ends, and the OOM-kill evidence on fake kernel logs and cgroup trees."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from colossalai_exporter.node.exits import ExitJudge
+from colossalai_exporter.node.oom import KernelLog
+from colossalai_exporter.node.ranks import RanksCollector
+from colossalai_exporter.training.errors import error_record, is_peer_failure
+from colossalai_exporter.training.snapshot import Snapshot, read_snapshot, snapshot_path
+from colossalai_exporter.training.state import STEP_BUCKETS
+from conftest import cli_env, wait_until
+
+# One rank that ends as MODE says, once the test has seen it train (a file appears).
+RANK = textwrap.dedent("""
+    import ctypes, os, signal, sys, threading, time
+    from pathlib import Path
+    from colossalai_exporter import TrainingMonitor
+
+    run_dir, mode = sys.argv[1], sys.argv[2]
+    stopped = []
+    if mode == "own_handler":
+        # the script's own SIGTERM handler, installed before the monitor: it must still run
+        signal.signal(signal.SIGTERM, lambda signum, frame: stopped.append(signum))
+    monitor = TrainingMonitor(serve="none", run_dir=run_dir, step_timeout=30.0,
+                              publish_interval=10.0)  # the publisher stays out of the way
+    if mode == "handler_after":
+        # ... or after it (a checkpoint-on-preemption handler): it decides, not the monitor
+        signal.signal(signal.SIGTERM, lambda signum, frame: stopped.append(signum))
+    for _ in range(3):
+        with monitor.step():
+            pass
+    Path(run_dir, f"ready-{monitor.rank}").touch()
+    if mode == "finish":
+        monitor.finish()
+        sys.exit(0)
+    if mode == "own_error":
+        with monitor.step():
+            raise ValueError("batch 17 has 0 samples")
+    if mode == "peer_error":
+        with monitor.step():
+            raise RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] "
+                               "Connection closed by peer [10.0.0.2]:8089")
+    if mode == "blocked":
+        # The main thread waits in C for ever (as in a collective that never completes):
+        # pthread_join restarts after a signal and never returns to Python.
+        forever = threading.Thread(target=time.sleep, args=(3600,), daemon=True)
+        forever.start()
+        ctypes.CDLL(None).pthread_join(ctypes.c_ulong(forever.ident), None)
+    if mode == "fork":
+        # A forked helper (a DataLoader worker) that gets SIGTERM: the helper's, not ours.
+        child = os.fork()
+        if child == 0:
+            time.sleep(60)
+            os._exit(0)
+        os.kill(child, signal.SIGTERM)
+        os.waitpid(child, 0)
+        Path(run_dir, "forked").touch()
+    while not stopped:
+        with monitor.step():
+            time.sleep(0.01)
+    for _ in range(3):  # steps after the signal, as long as real ones: it ended nothing
+        with monitor.step():
+            time.sleep(0.1)
+    monitor.close()
+    sys.exit(0)
+""")
+
+
+def start(run_dir: Path, rank: int, mode: str) -> subprocess.Popen[bytes]:
+    env = cli_env(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="8")
+    proc = subprocess.Popen([sys.executable, "-c", RANK, str(run_dir), mode], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    wait_until(lambda: (run_dir / f"ready-{rank}").exists() or proc.poll() is not None,
+               timeout=60, interval=0.05, what=f"rank {rank} ({mode}) training")
+    return proc
+
+
+def ended(proc: subprocess.Popen[bytes], timeout: float = 30) -> int:
+    return proc.wait(timeout)
+
+
+@pytest.fixture
+def ranks() -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    yield procs
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        if proc.stderr is not None:
+            proc.stderr.close()
+
+
+def test_each_way_a_rank_ends_is_told_apart(tmp_path: Path,
+                                            ranks: list[subprocess.Popen[bytes]]) -> None:
+    """Killed, finished, failed of its own error, failed of a peer's, stopped by SIGTERM
+    (also while its main thread waits in C), and a script's own SIGTERM handler that lets
+    it train on: each rank's exit_info as the node agent serves it."""
+    run_dir = tmp_path / "run"
+    kernel_log = tmp_path / "kmsg"
+    kernel_log.write_text("")  # a readable kernel log without OOM kills
+    modes = ["kill", "finish", "own_error", "peer_error", "term", "blocked", "own_handler",
+             "handler_after"]
+    for rank, mode in enumerate(modes):
+        ranks.append(start(run_dir, rank, mode))
+    kill, finish, own, peer, term, blocked, handler, handler_after = ranks
+    collector = RanksCollector(run_dir, exits=ExitJudge(KernelLog(str(kernel_log))))
+    collector.collect(time.monotonic() + 5)  # every rank seen alive first
+
+    kill.kill()
+    assert ended(kill) == -signal.SIGKILL
+    assert ended(finish) == 0
+    assert ended(own) == 1
+    assert ended(peer) == 1
+    for proc in (term, blocked, handler, handler_after):
+        proc.send_signal(signal.SIGTERM)
+    # The default action is kept: the process ends by the signal, promptly, even with its
+    # main thread blocked in C where no Python handler could run.
+    assert ended(term, 10) == -signal.SIGTERM
+    assert ended(blocked, 10) == -signal.SIGTERM
+    assert ended(handler, 10) == 0  # its own handler ran; it trained on and exited
+    assert ended(handler_after, 10) == 0  # idem, with its handler installed after ours
+
+    families = collector.collect(time.monotonic() + 5)
+    exits = {s.labels["rank"]: (s.labels["reason"], s.labels["detail"])
+             for f in families if f.name == "colossalai_rank_exit" for s in f.samples}
+    assert exits["0"] == ("killed", "its process vanished with no error, no signal recorded "
+                                    "and no OOM kill in the kernel log: SIGKILL from outside, "
+                                    "or a crash in native code")
+    assert exits["1"] == ("finished", "")
+    assert exits["2"] == ("failed", "ValueError: batch 17 has 0 samples")
+    assert exits["3"][0] == "peer_failed" and "Connection closed by peer" in exits["3"][1]
+    assert exits["4"] == ("interrupted", "received SIGTERM")
+    assert exits["5"] == ("interrupted", "received SIGTERM")
+    # It received SIGTERM and kept training: the signal ended nothing; it then exited
+    # without finish(), which is what "killed" means from outside.
+    assert exits["6"][0] == exits["7"][0] == "killed"
+    assert read_snapshot(snapshot_path(run_dir, 6)).interruption is None
+    assert all(s.labels["run"] for f in families if f.name == "colossalai_rank_exit"
+               for s in f.samples)
+
+
+def test_sigint_still_raises_keyboard_interrupt_and_is_recorded(tmp_path: Path,
+                                                                 ranks: list) -> None:
+    proc = start(tmp_path, 0, "term")
+    ranks.append(proc)
+    proc.send_signal(signal.SIGINT)
+    # KeyboardInterrupt, as without the monitor (Python then ends by SIGINT itself)
+    assert ended(proc, 10) == -signal.SIGINT
+    stderr = proc.stderr.read() if proc.stderr else b""
+    assert b"KeyboardInterrupt" in stderr, stderr
+    snap = read_snapshot(snapshot_path(tmp_path, 0))
+    assert snap.interruption is not None and snap.interruption.signal == "SIGINT"
+
+
+def test_a_forked_helpers_sigterm_is_not_the_ranks(tmp_path: Path, ranks: list) -> None:
+    """A DataLoader worker forked from the rank inherits its handlers and wakeup
+    descriptor; its own SIGTERM must neither be recorded as the rank's nor end the rank."""
+    proc = start(tmp_path, 0, "fork")
+    ranks.append(proc)
+    wait_until((tmp_path / "forked").exists, timeout=30, what="the forked helper ended")
+    time.sleep(0.5)  # the rank's watcher would have acted on a stray byte by now
+    assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
+    assert read_snapshot(snapshot_path(tmp_path, 0)).interruption is None
+
+
+# -- the evidence of an OOM kill, without a real one (tests/test_oom_evidence.py has one)
+
+def snapshot(pid: int, rank: int = 1, phase: str = "training", created: float = 1000.0,
+             **fields: object) -> Snapshot:
+    return Snapshot(rank=rank, local_rank=rank, world_size=2, pid=pid, created=created,
+                    written=created + 10, phase=phase, phase_start=created,
+                    step_buckets=list(STEP_BUCKETS), step_hist=[0] * (len(STEP_BUCKETS) + 1),
+                    timeout=60.0, progress=created, info={"run": "job-1"}, **fields)
+
+
+OOM_RECORDS = (
+    "6,740,2000000000,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,"
+    "mems_allowed=0,oom_memcg=/slurm_job_4242,task_memcg=/slurm_job_4242,task=python3,"
+    "pid={pid},uid=0\n"
+    "3,741,2000000010,-;Memory cgroup out of memory: Killed process {pid} (python3) "
+    "total-vm:426168kB, anon-rss:101888kB, file-rss:6376kB, shmem-rss:0kB, UID:0 "
+    "pgtables:260kB oom_score_adj:0\n")
+
+
+def fake_cgroups(tmp_path: Path, pids: dict[int, str]) -> tuple[Path, Path]:
+    """A /proc with each pid's cgroup (v1 memory) and vmstat, and /sys/fs/cgroup."""
+    proc, sys_root = tmp_path / "proc", tmp_path / "cgroup"
+    for pid, cgroup in pids.items():
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "cgroup").write_text(f"4:memory:{cgroup}\n0::/\n")
+        (sys_root / "memory" / cgroup.strip("/")).mkdir(parents=True, exist_ok=True)
+        set_oom_kills(sys_root, cgroup, 0)
+    (proc / "vmstat").write_text("oom_kill 5\n")
+    return proc, sys_root
+
+
+def set_oom_kills(sys_root: Path, cgroup: str, kills: int) -> None:
+    (sys_root / "memory" / cgroup.strip("/") / "memory.oom_control").write_text(
+        f"oom_kill_disable 0\nunder_oom 0\noom_kill {kills}\n")
+
+
+def judge(judge_: ExitJudge, alive: list[Snapshot], gone: list[Snapshot]) -> dict[int, tuple]:
+    exits = judge_.scrape(alive, gone, lambda snap: True)
+    return {rank: (e.reason, e.detail) for rank, e in exits.items()}
+
+
+def test_the_kernel_log_names_the_victim(tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    log.write_text(OOM_RECORDS.format(pid=4242))
+    exits = ExitJudge(KernelLog(str(log), boot_time=0.0), clock=lambda: 2500.0)
+    victim, other = snapshot(4242, rank=1), snapshot(4243, rank=0)
+    verdicts = judge(exits, [], [victim, other])
+    assert verdicts[1][0] == "oom_killed"
+    assert "memory cgroup /slurm_job_4242" in verdicts[1][1]
+    assert "99.5 MiB" in verdicts[1][1] and verdicts[1][1].endswith("from the kernel log")
+    assert verdicts[0][0] == "killed"  # no record of its pid
+
+
+def test_a_kill_logged_before_the_process_started_is_another_process(tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    log.write_text(OOM_RECORDS.format(pid=4242))  # at 2000 s
+    exits = ExitJudge(KernelLog(str(log), boot_time=0.0), clock=lambda: 2500.0)
+    assert judge(exits, [], [snapshot(4242, created=3000.0)])[1][0] == "killed"
+
+
+def test_a_recorded_end_is_believed_before_the_cgroup_count(tmp_path: Path) -> None:
+    """Rank 1 OOM-killed, rank 0 (same cgroup) failed on its closed connection: the
+    cgroup's count rose for both, but rank 0 said why it died."""
+    proc, sys_root = fake_cgroups(tmp_path, {10: "/job", 11: "/job"})
+    exits = ExitJudge(KernelLog(str(tmp_path / "no-kmsg")), proc_root=str(proc),
+                      sys_root=str(sys_root))
+    rank0, rank1 = snapshot(10, rank=0), snapshot(11, rank=1)
+    assert judge(exits, [rank0, rank1], []) == {}
+    set_oom_kills(sys_root, "/job", 1)
+    peer = error_record(RuntimeError("Connection reset by peer"), "step", None, 1005.0)
+    rank0_failed = snapshot(10, rank=0, phase="failed", last_error=peer)
+    verdicts = judge(exits, [], [rank0_failed, rank1])
+    assert verdicts[0] == ("peer_failed", "RuntimeError: Connection reset by peer")
+    assert verdicts[1][0] == "oom_killed"
+    assert verdicts[1][1].startswith("memory cgroup /job counted an OOM kill as the rank "
+                                     "vanished (the kernel log, which names the victim, "
+                                     "cannot be read: ")
+
+
+def test_without_the_kernel_log_the_cgroup_then_the_node_count(tmp_path: Path) -> None:
+    proc, sys_root = fake_cgroups(tmp_path, {10: "/a", 11: "/b", 12: "/c"})
+    exits = ExitJudge(KernelLog(str(tmp_path / "no-kmsg")), proc_root=str(proc),
+                      sys_root=str(sys_root))
+    a, b, c = snapshot(10, rank=0), snapshot(11, rank=1), snapshot(12, rank=2)
+    judge(exits, [a, b, c], [])
+    # a's cgroup killed every process of it; the node counted one more kill; c: nothing
+    (sys_root / "memory" / "a" / "memory.oom_control").write_text("oom_kill 3\n")
+    verdicts = judge(exits, [b, c], [a])
+    assert verdicts[0][0] == "oom_killed" and "/a counted an OOM kill" in verdicts[0][1]
+    (proc / "vmstat").write_text("oom_kill 6\n")
+    assert judge(exits, [c], [a, b])[1] == (
+        "oom_killed", "the node's OOM-kill count (/proc/vmstat) rose as the rank vanished; "
+                      "neither the kernel log nor the rank's memory cgroup could say more")
+    verdicts = judge(exits, [], [a, b, c])
+    assert verdicts[2][0] == "killed"
+    assert "or an OOM kill nothing on this node could show" in verdicts[2][1]
+    # Each verdict is kept: a later rise of a's cgroup count is nobody's new evidence.
+    set_oom_kills(sys_root, "/c", 1)
+    assert judge(exits, [], [a, b, c])[2][0] == "killed"
+
+
+def test_a_group_kill_is_named_as_one(tmp_path: Path) -> None:
+    proc, sys_root = fake_cgroups(tmp_path, {10: "/pod", 11: "/pod"})
+    (sys_root / "memory").rename(tmp_path / "v1")  # a cgroup v2 host instead
+    for pid in (10, 11):
+        (proc / str(pid) / "cgroup").write_text("0::/pod\n")
+    (sys_root / "pod").mkdir(parents=True)
+    (sys_root / "pod" / "memory.events").write_text("oom 0\noom_kill 0\noom_group_kill 0\n")
+    exits = ExitJudge(KernelLog(str(tmp_path / "no-kmsg")), proc_root=str(proc),
+                      sys_root=str(sys_root))
+    ranks = [snapshot(10, rank=0), snapshot(11, rank=1)]
+    judge(exits, ranks, [])
+    (sys_root / "pod" / "memory.events").write_text("oom 1\noom_kill 2\noom_group_kill 1\n")
+    verdicts = judge(exits, [], ranks)
+    assert {v[0] for v in verdicts.values()} == {"oom_killed"}
+    assert "killed every process of it (memory.oom.group)" in verdicts[0][1]
+
+
+def test_a_rank_in_another_pid_namespace_is_not_matched_by_pid(tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    log.write_text(OOM_RECORDS.format(pid=4242))
+    exits = ExitJudge(KernelLog(str(log), boot_time=0.0), clock=lambda: 2500.0)
+    verdicts = exits.scrape([], [snapshot(4242)], lambda snap: False)
+    assert verdicts[1].reason == "killed" and "another PID namespace" in verdicts[1].detail
+
+
+@pytest.mark.parametrize(("error", "peer"), [
+    (RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by "
+                  "peer [127.0.0.1]:8089"), True),
+    (RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection "
+                  "reset by peer"), True),
+    (RuntimeError("[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, "
+                  "OpType=ALLREDUCE) ran for 600008 milliseconds before timing out."), True),
+    (RuntimeError("NCCL communicator was aborted on rank 3."), True),
+    (RuntimeError("NCCL error in: ProcessGroupNCCL.cpp:1970, remote process exited or there "
+                  "was a network error, NCCL version 2.28.9"), True),
+    (RuntimeError("Timed out waiting 1800000ms for recv operation to complete"), True),
+    (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB."), False),
+    (ValueError("batch 17 has 0 samples"), False),
+    (RuntimeError("NCCL error: unhandled cuda error (run with NCCL_DEBUG=INFO)"), False),
+])
+def test_errors_that_say_a_peer_failed(error: Exception, peer: bool) -> None:
+    assert is_peer_failure(error) is peer
+
+
+def test_a_peer_failure_rethrown_with_another_first_line_is_still_one() -> None:
+    exc = RuntimeError("step 412 failed")
+    exc.__cause__ = RuntimeError("Connection reset by peer")
+    assert is_peer_failure(exc)
+    assert error_record(exc, "step", None, 0.0).peer
+
+
+def test_a_phase_change_is_in_the_snapshot_before_the_rank_goes_on(tmp_path: Path) -> None:
+    """A rank that freezes holding the GIL at the first step after a checkpoint: its
+    publisher never runs again, and its last snapshot must already say training."""
+    code = textwrap.dedent("""
+        import ctypes, sys
+        from pathlib import Path
+        from colossalai_exporter import TrainingMonitor
+        monitor = TrainingMonitor(serve="none", run_dir=sys.argv[1], step_timeout=30.0,
+                                  publish_interval=3600.0)
+        with monitor.step():
+            pass
+        with monitor.checkpoint():
+            pass
+        with monitor.step():
+            Path(sys.argv[1], "frozen").touch()
+            ctypes.PyDLL(None).sleep(60)  # a C call holding the GIL: nothing else runs
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", code, str(tmp_path)], env=cli_env())
+    try:
+        wait_until((tmp_path / "frozen").exists, timeout=60, what="the rank frozen")
+        assert read_snapshot(snapshot_path(tmp_path, 0)).phase == "training"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
