@@ -748,8 +748,13 @@ def training(config: RulesConfig) -> RuleFile:
             """), t),
             "critical", "A training rank has made no step for longer than its step budget.",
             fill("Rank [[$rank]] of job [[$job]] ([[$instance]]) has made no training step "
-                 "for {{ $value | humanizeDuration }} (step budget [[budget]]).[[reach]]",
+                 "for {{ $value | humanizeDuration }} (step budget [[budget]]).[[where]]"
+                 "[[reach]]",
                  budget=_budget(),
+                 # Where its training thread is: the stalled function, when every rank
+                 # stalls alike (no rank to name as the one the others wait for).
+                 where=with_first("colossalai_training_activity_info", RANK,
+                                  " It is in {{ .Labels.activity }} at {{ .Labels.frame }}."),
                  reach=_ranks_of_run("colossalai_training_stalled == 1",
                                      "rank(s) of this run are stalled.")),
             _training_dash()),
