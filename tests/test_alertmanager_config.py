@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import urllib.request
@@ -19,7 +20,8 @@ from colossalai_exporter.rulesgen.rules import (
     SPECIFIC_CAUSE_ALERTS,
 )
 from conftest import REPO, http_get, require_binary, wait_until
-from prometheus_helpers import running_alertmanager
+from fake_vigilmon import fake_vigilmon
+from prometheus_helpers import running_alertmanager, shipped_alertmanager_config
 
 AM_DIR = REPO / "deploy" / "alertmanager"
 CONFIG = AM_DIR / "alertmanager.yml"
@@ -72,9 +74,9 @@ def test_routing_tree_settings() -> None:
     assert route["group_by"] == ["alertname", "job"]
     watchdog, bridge, critical, warning = route["routes"]
     assert watchdog["matchers"] == ['alertname="Watchdog"']
-    # FACTS.md: a ping about every minute
+    # A ping every minute: the repeat a little under the interval (measured below)
     assert (watchdog["group_wait"], watchdog["group_interval"], watchdog["repeat_interval"]) == (
-        "0s", "1m", "1m")
+        "0s", "1m", "50s")
     assert not watchdog.get("continue", False)
     assert bridge == {"receiver": "bridge", "continue": True, "group_wait": "5s"}
     assert critical["matchers"] == ['severity="critical"']
@@ -292,3 +294,37 @@ def test_real_alertmanager_mutes_a_runs_consequences_under_its_cause(tmp_path: P
         wait_until(lambda: seen.append(states()) or seen[-1] == expected, timeout=10,
                    what="run r1's consequences to be inhibited")
         assert seen[-1] == expected
+
+
+@pytest.mark.slow
+def test_the_watchdog_pings_at_every_group_interval(tmp_path: Path) -> None:
+    """The shipped Watchdog route on a real Alertmanager, its two intervals scaled from a
+    minute to 2 s (the same ratio): a ping at every look at the group, not every other
+    one, which a repeat_interval equal to the group_interval gives (issue 26)."""
+    scale = 2.0 / 60.0
+
+    def scaled(config: dict[str, Any]) -> None:
+        watchdog = config["route"]["routes"][0]
+        assert watchdog["repeat_interval"] == "50s" and watchdog["group_interval"] == "1m"
+        watchdog["group_interval"] = f"{round(60 * scale * 1000)}ms"
+        watchdog["repeat_interval"] = f"{round(50 * scale * 1000)}ms"
+
+    with fake_vigilmon() as receiver:
+        config = shipped_alertmanager_config(tmp_path, lambda n: f"{receiver.url}/bridge/{n}",
+                                             lambda n: f"{receiver.url}/slack/{n}", "t",
+                                             scaled)
+        with running_alertmanager(config, tmp_path) as url:
+            body = json.dumps([{"labels": {"alertname": "Watchdog", "severity": "info"},
+                                "annotations": {"summary": "s", "description": "d"},
+                                "endsAt": "2099-01-01T00:00:00Z"}]).encode()
+            request = urllib.request.Request(url + "/api/v2/alerts", data=body,
+                                             method="POST",
+                                             headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=5) as response:
+                assert response.status == 200
+            pings = wait_until(
+                lambda: (got := receiver.received("/bridge/bridge-watchdog"))[5:] and got,
+                timeout=60, interval=0.1, what="six Watchdog pings")
+    gaps = sorted(b.at - a.at for a, b in itertools.pairwise(pings))
+    # every 2 s; every other look would be 4 s
+    assert gaps[len(gaps) // 2] < 3.0, gaps

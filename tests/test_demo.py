@@ -172,3 +172,37 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path: Path) -> None:
         assert result.returncode == 2
         assert result.stderr.strip() == f"colossalai-exporter: error: {message}"
     assert not any(tmp_path.iterdir())  # nothing started, nothing written
+
+
+def test_a_workdir_that_does_not_exist_is_created(tmp_path: Path, demos: list[Demo]) -> None:
+    """--workdir new/deeper, with the run and checkpoint directories outside it: the
+    logs' folder is made too (it crashed with FileNotFoundError: agent.log)."""
+    workdir = tmp_path / "new" / "deeper"
+    demo = Demo(workdir, "--backend", "plain", "--steps", "20", "--step-seconds", "0.01",
+                "--interval", "0.3", "--run-dir", str(tmp_path / "run"),
+                "--checkpoint-dir", str(tmp_path / "ckpt"))
+    demos.append(demo)
+    assert demo.proc.wait(60) == 0, demo.output()
+    assert (workdir / "train.log").exists() and (workdir / "agent.log").exists()
+    assert list((tmp_path / "run").glob("rank-*.json"))
+
+
+def test_a_port_left_in_time_wait_is_free_for_the_demo() -> None:
+    """The last run's connections in TIME_WAIT (a demo restarted within a minute) do not
+    hold a port against a new listener; one that something listens on does."""
+    from colossalai_exporter.demo.launch import check_port_free
+    from colossalai_exporter.errors import ConfigError
+
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port), timeout=5)
+        accepted, _ = server.accept()
+        accepted.close()  # the server side closes first: it is the one in TIME_WAIT
+        client.recv(1)
+        client.close()
+        with pytest.raises(ConfigError, match="is not available"):
+            check_port_free("127.0.0.1", port, "rank 0")  # still listening
+    check_port_free("127.0.0.1", port, "rank 0")  # only TIME_WAIT is left

@@ -126,3 +126,36 @@ def test_real_prometheus_builds_probe_urls_and_labels(tmp_path: Path) -> None:
                                              "gpu-node-03:9466"}
         assert by_job["colossalai-training"] == {"gpu-node-01:8766"}
         assert by_job["colossalai-chat-app"] == {"chat-1:8080"}
+
+
+def test_no_shipped_config_sets_a_label_the_exporters_set_themselves() -> None:
+    """A target label, relabeling or static alert label named like one of the exporters'
+    own (run, rank, gpu …) makes Prometheus rename theirs to exported_<name> at scrape:
+    the run label then no longer joins a job's alerts (issue 26)."""
+    from colossalai_exporter import catalogue
+
+    ours = catalogue.label_names()
+    targets = sorted((PROMETHEUS_DIR / "targets").glob("*/*.example"))
+    assert targets
+    for path in targets:
+        for group in load_yaml(path):
+            clash = set(group.get("labels", {})) & ours
+            assert not clash, f"{path}: {sorted(clash)}"
+    kubernetes = sorted((REPO / "deploy" / "kubernetes").glob("*.yaml"))
+    relabels = [(CONFIG, r.get("target_label", "")) for job in _jobs().values()
+                for key in ("relabel_configs", "metric_relabel_configs")
+                for r in job.get(key, [])]
+    for path in kubernetes:
+        text = path.read_text()
+        relabels += [(path, m) for m in re.findall(r"targetLabel:\s*(\S+)", text)]
+    assert relabels
+    for path, label in relabels:
+        assert label not in ours, f"{path}: relabels to {label!r}"
+    for rules in RULE_FILES:
+        for group in load_yaml(rules)["groups"]:
+            for rule in group["rules"]:
+                clash = set(rule.get("labels", {})) & ours
+                assert not clash, f"{rules}: {rule.get('alert') or rule.get('record')}: {clash}"
+    # and a Slurm job's own labels cannot either
+    with pytest.raises(ValueError, match="exported_run"):
+        file_sd.check_label("run")

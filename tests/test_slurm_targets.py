@@ -100,10 +100,10 @@ def test_write_options(tmp_path: Path) -> None:
     result = _run("write", "--nodelist", "gpu-a[1-2],gpu-b3", "--job-id", "7",
                   "--node.port", "19466", "--training.port", "18766",
                   "--training.local-ranks", "2", "--domain", "hpc.example",
-                  "--label", "team=nlp", "--label", "run=llama",
+                  "--label", "team=nlp", "--label", "model=llama",
                   env={"COLOSSALAI_EXPORTER_FILE_SD_DIR": str(tmp_path / "targets")})
     assert result.returncode == 0, result.stderr
-    labels = {"slurm_job_id": "7", "team": "nlp", "run": "llama"}
+    labels = {"slurm_job_id": "7", "team": "nlp", "model": "llama"}
     assert _read(tmp_path, "colossalai-node", "7") == [{
         "targets": ["gpu-a1.hpc.example:19466", "gpu-a2.hpc.example:19466",
                     "gpu-b3.hpc.example:19466"], "labels": labels}]
@@ -111,6 +111,15 @@ def test_write_options(tmp_path: Path) -> None:
     assert _read(tmp_path, "colossalai-training", "7")[0]["targets"] == [
         f"{host}.hpc.example:{port}" for host in ("gpu-a1", "gpu-a2", "gpu-b3")
         for port in (18766, 18767)]
+
+
+def test_a_label_the_exporters_set_is_refused(tmp_path: Path) -> None:
+    """``run`` (or ``rank``) on a target would rename the monitor's own to exported_run."""
+    result = _run("write", "--nodelist", "gpu-a1", "--job-id", "7", "--label", "run=llama",
+                  env={"COLOSSALAI_EXPORTER_FILE_SD_DIR": str(tmp_path / "targets")})
+    assert result.returncode == 2
+    assert "label 'run' is set by the exporters themselves" in result.stderr
+    assert not (tmp_path / "targets").exists() or not list((tmp_path / "targets").rglob("*.json"))
 
 
 def test_rewrite_replaces_and_port_zero_removes(tmp_path: Path) -> None:

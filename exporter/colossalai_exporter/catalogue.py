@@ -574,6 +574,16 @@ def known_sample_names() -> set[str]:
     return names
 
 
+def label_names() -> frozenset[str]:
+    """Every label name a catalogued metric carries (``run``, ``rank``, ``gpu`` …).
+
+    A target label, relabeling or file_sd group must not set one of these: the
+    exporter's own would be renamed ``exported_<name>`` at scrape, and everything keyed
+    on it (``run`` joins the alerts of a job, Alertmanager's inhibitions) would misfire.
+    """
+    return frozenset(label for metric in CATALOGUE for label in metric.labels)
+
+
 def in_component(*components: str) -> tuple[Metric, ...]:
     """Catalogued metrics of the named components, in catalogue order."""
     return tuple(m for m in CATALOGUE if m.component in components)

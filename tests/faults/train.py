@@ -178,7 +178,7 @@ def main() -> int:
                 time.sleep(3)
             with monitor.evaluation():
                 time.sleep(8)
-        fault_now = armed.is_set() and mine or hang_after_checkpoint.is_set()
+        fault_now = (armed.is_set() and mine) or hang_after_checkpoint.is_set()
         try:
             with monitor.step(samples=16) as current:
                 if fault_now:

@@ -21,6 +21,7 @@ from colossalai_exporter.demo.launch import (
     start_ranks,
 )
 from colossalai_exporter.demo.summary import Summary, describe
+from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.flags import ArgumentParser
 
 DEFAULT_RANK0_PORT = 8766  # TrainingMonitor's default
@@ -105,8 +106,11 @@ def main(argv: list[str]) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="colossalai-exporter-demo-"))
     run_dir = args.run_dir or workdir / "run"
     checkpoints = args.checkpoint_dir or workdir / "checkpoints"
-    for path in (run_dir, checkpoints):
-        path.mkdir(parents=True, exist_ok=True)
+    for path in (workdir, run_dir, checkpoints):  # the logs go in workdir
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot create {path}: {exc.strerror or exc}") from None
     base = f"http://{args.host}:{args.port}"
     agent_base = f"http://{args.host}:{args.agent_port}"
 

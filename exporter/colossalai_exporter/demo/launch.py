@@ -49,8 +49,14 @@ def choose_backend(requested: str) -> tuple[str, str]:
 
 
 def check_port_free(host: str, port: int, what: str) -> None:
-    """A clear error now rather than a server that silently fails to start later."""
+    """A clear error now rather than a server that silently fails to start later.
+
+    With SO_REUSEADDR, as the servers themselves bind: a port whose old connections
+    linger in TIME_WAIT (the last run's scrapes, a demo restarted within a minute) is
+    free for a listener, and only one that something listens on is refused.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError as exc:

@@ -23,7 +23,6 @@ from colossalai_exporter.rulesgen.promql import (
     indent,
     number,
     query,
-    regex_alternatives,
     si_bytes,
     with_first,
 )
@@ -749,8 +748,13 @@ def training(config: RulesConfig) -> RuleFile:
             """), t),
             "critical", "A training rank has made no step for longer than its step budget.",
             fill("Rank [[$rank]] of job [[$job]] ([[$instance]]) has made no training step "
-                 "for {{ $value | humanizeDuration }} (step budget [[budget]]).[[reach]]",
+                 "for {{ $value | humanizeDuration }} (step budget [[budget]]).[[where]]"
+                 "[[reach]]",
                  budget=_budget(),
+                 # Where its training thread is: the stalled function, when every rank
+                 # stalls alike (no rank to name as the one the others wait for).
+                 where=with_first("colossalai_training_activity_info", RANK,
+                                  " It is in {{ .Labels.activity }} at {{ .Labels.frame }}."),
                  reach=_ranks_of_run("colossalai_training_stalled == 1",
                                      "rank(s) of this run are stalled.")),
             _training_dash()),
@@ -1071,17 +1075,21 @@ def chat(config: RulesConfig) -> RuleFile:
 def pipeline(config: RulesConfig) -> RuleFile:
     b = Selector(config.selectors.bridge)
     th = config.thresholds
-    jobs = regex_alternatives(config.expected_jobs)
-    exporter_down: list[Alert] = []
+    # Any target of the project's own servers that Prometheus cannot scrape (node agents,
+    # the prober's /probe targets, the bridge), deployed or not by this site's choice;
+    # a job that must exist and has no target at all only where expected_jobs says so
+    # (a training-only site deploys no prober: its absence is not news).
+    scraped = dict.fromkeys(Selector(sel)("up") for sel in (
+        config.selectors.node, config.selectors.probe, config.selectors.bridge))
+    exporter_down = [Alert(
+        "ExporterDown",
+        "\nor\n".join(f"{up} == 0" for up in scraped),
+        "warning", "Prometheus cannot scrape a colossalai-exporter target.",
+        fill("Prometheus has failed to scrape [[$instance]] of job [[$job]] for [[for]]: "
+             "alerts that depend on it are blind.",
+             **{"for": config.for_["ExporterDown"]}),
+        cause="target_down")]
     if config.expected_jobs:
-        exporter_down.append(Alert(
-            "ExporterDown",
-            f'up{{job=~"{jobs}"}} == 0',
-            "warning", "Prometheus cannot scrape a colossalai-exporter target.",
-            fill("Prometheus has failed to scrape [[$instance]] of job [[$job]] for [[for]]: "
-                 "alerts that depend on it are blind.",
-                 **{"for": config.for_["ExporterDown"]}),
-            cause="target_down"))
         exporter_down.append(Alert(
             "ExporterDown",
             "\nor\n".join(f'absent(up{{job="{job}"}})' for job in config.expected_jobs),

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from colossalai_exporter import catalogue
+
 NODE_JOB = "colossalai-node"
 TRAINING_JOB = "colossalai-training"
 
@@ -65,6 +67,9 @@ def check_label(name: str) -> str:
     if name in RESERVED_LABELS:
         raise ValueError(f"label {name!r} is set by Prometheus and the scrape config; "
                          "choose another name")
+    if name in catalogue.label_names():
+        raise ValueError(f"label {name!r} is set by the exporters themselves (Prometheus "
+                         f"would rename theirs to exported_{name}); choose another name")
     return name
 
 
