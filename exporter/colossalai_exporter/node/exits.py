@@ -51,7 +51,6 @@ from colossalai_exporter.node.oom import (
 )
 from colossalai_exporter.training.snapshot import Snapshot
 
-REASONS: Final = ("finished", "interrupted", "oom_killed", "failed", "peer_failed", "killed")
 # An OOM kill in the kernel log counts for a rank only if logged after the rank's
 # process started (a pid is reused), with this much slack for the clocks' rounding.
 CLOCK_SLACK_SECONDS: Final = 1.0
@@ -59,7 +58,8 @@ CLOCK_SLACK_SECONDS: Final = 1.0
 
 @dataclass(frozen=True)
 class Exit:
-    """How a rank's process ended: one of :data:`REASONS` and a phrase for the page."""
+    """How a rank's process ended: a reason of the module docstring's, and a phrase
+    for the page."""
 
     reason: str
     detail: str = ""
@@ -93,7 +93,6 @@ class ExitJudge:
         self._kills: dict[int, OomKill] = {}  # victim pid -> its kill, from the kernel log
         self._baselines: dict[tuple[int, float | None], _Baseline] = {}
         self._verdicts: dict[tuple[int, float | None], Exit] = {}
-        self._pids_mean_something: Callable[[Snapshot], bool] = lambda snap: True
 
     def _key(self, snap: Snapshot) -> tuple[int, float | None]:
         return snap.pid, snap.pid_start
@@ -108,7 +107,6 @@ class ExitJudge:
 
         ``pids_mean_something``: False for a rank in another PID namespace, whose pid
         names no process here (nothing is looked up or matched by it)."""
-        self._pids_mean_something = pids_mean_something
         if self.kernel_log is not None:
             now = self._clock()
             for kill in self.kernel_log.poll():
@@ -116,7 +114,7 @@ class ExitJudge:
             self._kills = {pid: k for pid, k in self._kills.items()
                            if now - k.time <= self.forget_after}
         gone = list(gone)
-        exits = {snap.rank: self._judge(snap) for snap in gone}
+        exits = {snap.rank: self._judge(snap, not pids_mean_something(snap)) for snap in gone}
         self._note_alive([s for s in alive if pids_mean_something(s)])
         keep = {self._key(s) for s in gone}
         self._verdicts = {k: v for k, v in self._verdicts.items() if k in keep}
@@ -142,19 +140,18 @@ class ExitJudge:
                                        node_kills)
         self._baselines = baselines
 
-    def _judge(self, snap: Snapshot) -> Exit:
+    def _judge(self, snap: Snapshot, foreign: bool) -> Exit:
         key = self._key(snap)
         verdict = self._verdicts.get(key)
         if verdict is None:
-            verdict = self._verdicts[key] = self._first_judgement(snap)
+            verdict = self._verdicts[key] = self._first_judgement(snap, foreign)
         return verdict
 
-    def _first_judgement(self, snap: Snapshot) -> Exit:
+    def _first_judgement(self, snap: Snapshot, foreign: bool) -> Exit:
         if snap.phase == "finished":
             return Exit("finished")
         if snap.interruption is not None:
             return Exit("interrupted", f"received {snap.interruption.signal}")
-        foreign = not self._pids_mean_something(snap)
         kill = None if foreign else self._kills.get(snap.pid)
         if kill is not None and kill.time >= snap.created - CLOCK_SLACK_SECONDS:
             return Exit("oom_killed", f"{describe(kill)}; from the kernel log")
