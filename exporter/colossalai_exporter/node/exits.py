@@ -93,6 +93,9 @@ class ExitJudge:
         self._kills: dict[int, OomKill] = {}  # victim pid -> its kill, from the kernel log
         self._baselines: dict[tuple[int, float | None], _Baseline] = {}
         self._verdicts: dict[tuple[int, float | None], Exit] = {}
+        # The kernel's ring buffer read whole now, at the agent's start (on a busy node
+        # tens of thousands of records): a scrape then reads only the new ones.
+        self._poll_kernel_log()
 
     def _key(self, snap: Snapshot) -> tuple[int, float | None]:
         return snap.pid, snap.pid_start
@@ -107,18 +110,22 @@ class ExitJudge:
 
         ``pids_mean_something``: False for a rank in another PID namespace, whose pid
         names no process here (nothing is looked up or matched by it)."""
-        if self.kernel_log is not None:
-            now = self._clock()
-            for kill in self.kernel_log.poll():
-                self._kills[kill.pid] = kill
-            self._kills = {pid: k for pid, k in self._kills.items()
-                           if now - k.time <= self.forget_after}
+        self._poll_kernel_log()
         gone = list(gone)
         exits = {snap.rank: self._judge(snap, not pids_mean_something(snap)) for snap in gone}
         self._note_alive([s for s in alive if pids_mean_something(s)])
         keep = {self._key(s) for s in gone}
         self._verdicts = {k: v for k, v in self._verdicts.items() if k in keep}
         return exits
+
+    def _poll_kernel_log(self) -> None:
+        if self.kernel_log is None:
+            return
+        now = self._clock()
+        for kill in self.kernel_log.poll():
+            self._kills[kill.pid] = kill
+        self._kills = {pid: k for pid, k in self._kills.items()
+                       if now - k.time <= self.forget_after}
 
     def _note_alive(self, alive: list[Snapshot]) -> None:
         if self._exact():
