@@ -50,9 +50,11 @@ scrape_configs:
             description = stalled["annotations"]["description"]
             assert description.startswith(f"Rank 0 of job colossalai-training ({target}) has "
                                           "made no training step for "), description
-            # the demo's two ranks, both stopped (one hangs, the other waits for it)
-            assert description.endswith("(step budget 3s). 2 rank(s) of this run are "
-                                        "stalled."), description
+            # where it stalled (the function the demo hangs in, as docs/training.md says
+            # the page shows), and the demo's two ranks, both stopped
+            assert "(step budget 3s). It is in compute at worker.py:" in description, description
+            assert description.endswith(" in hang_like_a_kernel_that_never_returns. 2 rank(s) "
+                                        "of this run are stalled."), description
 
             # The node agent's view of both ranks reaches Prometheus under its own job.
             node = prometheus.query('colossalai_training_stalled{job="colossalai-node"} == 1')
