@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -78,7 +80,9 @@ def test_routing_tree_settings() -> None:
     assert (watchdog["group_wait"], watchdog["group_interval"], watchdog["repeat_interval"]) == (
         "0s", "1m", "50s")
     assert not watchdog.get("continue", False)
-    assert bridge == {"receiver": "bridge", "continue": True, "group_wait": "5s"}
+    assert bridge == {"receiver": "bridge", "continue": True, "group_wait": "5s",
+                      "group_interval": "30s"}
+    assert critical["group_interval"] == "1m"
     assert critical["matchers"] == ['severity="critical"']
     assert warning["matchers"] == ['severity="warning"']
 
@@ -328,3 +332,56 @@ def test_the_watchdog_pings_at_every_group_interval(tmp_path: Path) -> None:
     gaps = sorted(b.at - a.at for a, b in itertools.pairwise(pings))
     # every 2 s; every other look would be 4 s
     assert gaps[len(gaps) // 2] < 3.0, gaps
+
+
+@pytest.mark.slow
+def test_a_second_incident_in_a_run_pages_within_the_bridge_group_interval(
+        tmp_path: Path) -> None:
+    """A rank dies, pages; another rank of the same run dies later: its alert joins the
+    group already notified and waits for the group's next look. The shipped routes,
+    every duration scaled from minutes to seconds (1/10): the bridge's 30 s interval
+    (3 s) pages it within about that, where the root's 5 min (30 s) would hold it."""
+    def scaled(config: dict[str, Any]) -> None:
+        def scale(route: dict[str, Any]) -> None:
+            for key in ("group_wait", "group_interval", "repeat_interval"):
+                if key in route:
+                    seconds = sum(int(n) * {"s": 1, "m": 60, "h": 3600}[u]
+                                  for n, u in re.findall(r"(\d+)([smh])", route[key]))
+                    route[key] = f"{seconds * 100}ms"
+        scale(config["route"])
+        for route in config["route"]["routes"]:
+            scale(route)
+
+    def rank_down(rank: str) -> dict[str, Any]:
+        return {"labels": {"alertname": "TrainingRankDown", "severity": "critical",
+                           "cause": "process", "job": "colossalai-node",
+                           "instance": "node-3:9466", "rank": rank, "run": "4242"},
+                "annotations": {"summary": "s", "description": f"rank {rank}"},
+                "endsAt": "2099-01-01T00:00:00Z"}
+
+    def post(url: str, alert: dict[str, Any]) -> float:
+        request = urllib.request.Request(url + "/api/v2/alerts", data=json.dumps([alert])
+                                         .encode(), method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.status == 200
+        return time.time()
+
+    def paged(receiver: Any, rank: str) -> list[float]:
+        return [r.at for r in receiver.received("/bridge/bridge")
+                if any(a["labels"].get("rank") == rank and a["status"] == "firing"
+                       for a in json.loads(r.body)["alerts"])]
+
+    with fake_vigilmon() as receiver:
+        config = shipped_alertmanager_config(tmp_path, lambda n: f"{receiver.url}/bridge/{n}",
+                                             lambda n: f"{receiver.url}/slack/{n}", "t",
+                                             scaled)
+        with running_alertmanager(config, tmp_path) as url:
+            post(url, rank_down("1"))
+            wait_until(lambda: paged(receiver, "1"), timeout=30, interval=0.1,
+                       what="the first death paged")
+            second = post(url, rank_down("0"))
+            [at, *_] = wait_until(lambda: paged(receiver, "0"), timeout=60, interval=0.1,
+                                  what="the second death paged")
+    # within the bridge route's (scaled) 3 s interval, and not the root's 30 s
+    assert at - second < 6.0, at - second
