@@ -36,6 +36,10 @@ RANK = textwrap.dedent("""
         signal.signal(signal.SIGTERM, lambda signum, frame: stopped.append(signum))
     monitor = TrainingMonitor(serve="none", run_dir=run_dir, step_timeout=30.0,
                               publish_interval=10.0)  # the publisher stays out of the way
+    if mode == "slow_publish":
+        # Every publish takes 0.3 s: the handler and the watcher both see the signal,
+        # and the one that does not write the record must wait for the other's write.
+        monitor.add_poller(lambda state: time.sleep(0.3))
     if mode == "handler_after":
         # ... or after it (a checkpoint-on-preemption handler): it decides, not the monitor
         signal.signal(signal.SIGTERM, lambda signum, frame: stopped.append(signum))
@@ -151,6 +155,20 @@ def test_each_way_a_rank_ends_is_told_apart(tmp_path: Path,
     assert read_snapshot(snapshot_path(run_dir, 6)).interruption is None
     assert all(s.labels["run"] for f in families if f.name == "colossalai_rank_exit"
                for s in f.samples)
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_a_slow_record_is_written_before_the_signal_takes_effect(
+        tmp_path: Path, ranks: list, attempt: int) -> None:
+    """SIGTERM seen by the main thread's handler and the watcher thread at once: whichever
+    records, the process ends by SIGTERM only after the snapshot says so (a rank stopped
+    by torchrun was paged as killed when the loser of that race ended it first)."""
+    proc = start(tmp_path, 0, "slow_publish")
+    ranks.append(proc)
+    proc.send_signal(signal.SIGTERM)
+    assert ended(proc, 20) == -signal.SIGTERM
+    snap = read_snapshot(snapshot_path(tmp_path, 0))
+    assert snap.interruption is not None and snap.interruption.signal == "SIGTERM"
 
 
 def test_sigint_still_raises_keyboard_interrupt_and_is_recorded(tmp_path: Path,

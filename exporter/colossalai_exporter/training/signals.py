@@ -43,6 +43,7 @@ import logging
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -53,6 +54,13 @@ log = logging.getLogger("colossalai_exporter.training")
 RECORDED: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
 
 _Handler = Callable[[int, FrameType | None], Any] | int | None
+# How long the path that lost the race for a signal waits for the other to have
+# written the snapshot before the signal takes effect (a write takes well under a
+# millisecond; the bound only matters if the run directory hangs).
+RECORD_WAIT_SECONDS = 2.0
+# Within this long after a record, the other path's sight of a signal is the same
+# delivery; a later one (a second SIGTERM after the rank trained on) is recorded anew.
+SAME_DELIVERY_SECONDS = 5.0
 
 
 class SignalRecorder:
@@ -65,7 +73,10 @@ class SignalRecorder:
     def __init__(self, interrupted: Callable[[str], None]) -> None:
         self._interrupted = interrupted
         self._previous: dict[int, _Handler] = {}
-        self._recorded: set[int] = set()
+        # When each signal was last recorded, and whether that record is written: the
+        # handler and the watcher see the same delivery, and it is recorded once.
+        self._recorded: dict[int, float] = {}
+        self._done: dict[int, threading.Event] = {}
         self._lock = threading.Lock()
         self._pid = os.getpid()
         self._pipe: tuple[int, int] | None = None
@@ -109,6 +120,7 @@ class SignalRecorder:
         # forked child whose handlers the fork hook could not reset.
         if self._installed and os.getpid() == self._pid:
             self._record(signum)
+            self._recorded_by_now(signum)
         previous = self._previous.get(signum, signal.SIG_DFL)
         if callable(previous):
             previous(signum, frame)  # the user's handler, or KeyboardInterrupt for SIGINT
@@ -117,15 +129,30 @@ class SignalRecorder:
             os.kill(os.getpid(), signum)  # ends the process by that signal, as before
 
     def _record(self, signum: int) -> bool:
+        """Record ``signum`` unless the other path (handler or watcher) did or is doing it;
+        True for the one that did."""
+        now = time.monotonic()
         with self._lock:
-            if signum in self._recorded:
+            if now - self._recorded.get(signum, -SAME_DELIVERY_SECONDS) < SAME_DELIVERY_SECONDS:
                 return False
-            self._recorded.add(signum)
+            self._recorded[signum] = now
+            done = self._done[signum] = threading.Event()
         try:
             self._interrupted(signal.Signals(signum).name)
         except Exception as exc:  # the signal must still do what it did before
             log.warning("could not record %s: %s", signal.Signals(signum).name, exc)
+        finally:
+            done.set()
         return True
+
+    def _recorded_by_now(self, signum: int) -> None:
+        """Wait (a little) for the record to be written, whichever path writes it: the
+        handler and the watcher race for the same signal, and the one that loses must
+        not end the process while the other is still writing the snapshot."""
+        with self._lock:
+            done = self._done.get(signum)
+        if done is not None:
+            done.wait(RECORD_WAIT_SECONDS)
 
     # -- the watcher: signals a blocked main thread cannot handle ------------------
     def _start_watcher(self) -> None:
@@ -173,7 +200,9 @@ class SignalRecorder:
             for signum in data:
                 # Not once uninstalled (the monitor closing): a late read would record
                 # a signal the rank already handled and trained on after.
-                if self._installed and signum in self._previous and self._record(signum):
+                if self._installed and signum in self._previous:
+                    self._record(signum)
+                    self._recorded_by_now(signum)
                     self._end_if_default(signum)
 
     def _end_if_default(self, signum: int) -> None:
