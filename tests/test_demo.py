@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import cli_env, free_port, http_get, require, run_cli, wait_until
+from conftest import cli_env, free_port, http_get, require, require_binary, run_cli, wait_until
 
 
 class Demo:
@@ -206,3 +206,141 @@ def test_a_port_left_in_time_wait_is_free_for_the_demo() -> None:
         with pytest.raises(ConfigError, match="is not available"):
             check_port_free("127.0.0.1", port, "rank 0")  # still listening
     check_port_free("127.0.0.1", port, "rank 0")  # only TIME_WAIT is left
+
+
+# --- demo --alerting: the real alert path on one host --------------------------------
+
+
+def alerting_ports() -> list[str]:
+    return [arg for name in ("prometheus", "alertmanager", "bridge", "pager")
+            for arg in (f"--{name}-port", str(free_port()))]
+
+
+def children(pid: int) -> list[int]:
+    import psutil
+
+    return [p.pid for p in psutil.Process(pid).children(recursive=True)]
+
+
+@pytest.mark.slow
+def test_alerting_prints_the_page_for_the_killed_rank_and_stops_everything(
+        tmp_path: Path, demos: list[Demo]) -> None:
+    """The README's command to a page: real Prometheus, Alertmanager and bridge from the
+    shipped files, a torch run whose rank 1 the demo kills. The first page names rank 1,
+    its node and why, at the bridge's webhook and in Slack's title; nothing paged before
+    the kill; Ctrl-C leaves no process and no port behind."""
+    require_binary("prometheus")
+    require_binary("prometheus-alertmanager")
+    require(importlib.util.find_spec("torch") is not None, "torch installed")
+    ports = alerting_ports()
+    demo = Demo(tmp_path, "--alerting", "--backend", "torch", "--steps", "100000",
+                "--kill-after", "30", "--step-seconds", "0.05", "--interval", "0.5", *ports)
+    demos.append(demo)
+    wait_until(lambda: "page to Slack slack-critical" in demo.output()
+               or demo.proc.poll() is not None, timeout=300, interval=0.5,
+               what="the Slack page")
+    out = demo.output()
+    assert demo.proc.poll() is None, out
+    lines = [line.split(" ", 1)[1] if line[:2].isdigit() else line for line in out.splitlines()]
+    killed = next(i for i, line in enumerate(lines) if line.startswith("killed rank 1 (pid "))
+    first_page = next(i for i, line in enumerate(lines) if line.startswith("PAGE to "))
+    assert killed < first_page, out  # nothing paged while the run was healthy
+    assert lines[first_page].startswith("PAGE to the bridge's webhook oncall, "), out
+    assert lines[first_page + 1].startswith(
+        "    | TrainingRankDown (critical): Rank 1 of run 127.0.0.1:"), out
+    assert f"on 127.0.0.1:{demo.agent_port} was killed" in lines[first_page + 1], out
+    slack = next(i for i, line in enumerate(lines) if line.startswith("page to Slack "))
+    assert lines[slack + 1].startswith("    | 🔴 FIRING: TrainingRankDown — job colossalai-node"
+                                       " — run 127.0.0.1:"), out
+    assert lines[slack + 1].endswith(f" — rank 1 on 127.0.0.1:{demo.agent_port}"), out
+    seconds = int(lines[first_page].rsplit(", ", 1)[1].split(" s after")[0])
+    assert 0 < seconds < 120, out
+
+    started = children(demo.proc.pid)
+    assert len(started) >= 4, out  # Prometheus, Alertmanager, the bridge, the agent, torchrun
+    demo.proc.send_signal(signal.SIGINT)
+    assert demo.proc.wait(60) == 130, demo.output()
+    assert "interrupted: stopping everything the demo started" in demo.output()
+    import psutil
+
+    wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                               for p in started), timeout=30, what="every process to exit")
+    for port in [demo.port, demo.agent_port, *map(int, ports[1::2])]:
+        with socket.socket() as sock:  # every port released
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(("127.0.0.1", port))
+
+
+def test_alerting_without_prometheus_says_how_to_install_it(tmp_path: Path) -> None:
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    result = run_cli("demo", "--alerting", "--workdir", str(tmp_path / "w"),
+                     env=cli_env(PATH=str(bare)))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip().splitlines() == [
+        "colossalai-exporter: error: --alerting needs Prometheus and Alertmanager, and "
+        "prometheus and prometheus-alertmanager are not on PATH: install them with: sudo "
+        "apt-get install prometheus prometheus-alertmanager (Debian, Ubuntu), or put the "
+        "upstream prometheus and alertmanager binaries on PATH"]
+    assert not (tmp_path / "w").exists()  # nothing started, nothing written
+
+
+def test_one_host_folder_is_the_shipped_files_with_only_the_documented_changes(
+        tmp_path: Path) -> None:
+    """What `demo --alerting` runs is deploy/ as shipped, changed only as docs/deploy.md
+    ("One host by hand") says: the addresses, the prober job left out, the demo's 5 s
+    intervals, the secret files' folder. promtool, amtool and `bridge check` accept it."""
+    import yaml
+
+    from colossalai_exporter.demo import onehost
+    from conftest import REPO
+    from deploy_helpers import amtool_check_config, promtool_check_config
+
+    ports = onehost.Ports(19090, 19093, 19468, 19466, 18766, 19469)
+    folder = onehost.write(tmp_path / "stack", "127.0.0.1", ports)
+
+    shipped = yaml.safe_load((REPO / "deploy/prometheus/prometheus.yml").read_text())
+    text = yaml.safe_dump(shipped)
+    for old, new in (("alertmanager:9093", "127.0.0.1:19093"),
+                     ("colossalai-bridge:9468", "127.0.0.1:19468"),
+                     ("localhost:9090", "127.0.0.1:19090")):
+        text = text.replace(old, new)
+    expected = yaml.safe_load(text)
+    expected["global"].update(scrape_interval="5s", scrape_timeout="5s",
+                              evaluation_interval="5s")
+    expected["scrape_configs"] = [job for job in expected["scrape_configs"]
+                                  if job["job_name"] != "colossalai-prober"]
+    assert yaml.safe_load(folder.prometheus_config.read_text()) == expected
+
+    shipped_am = (REPO / "deploy/alertmanager/alertmanager.yml").read_text()
+    secrets = tmp_path / "stack" / "alertmanager" / "secrets"
+    expected_am = yaml.safe_load(
+        shipped_am.replace("http://colossalai-bridge:9468", "http://127.0.0.1:19468")
+        .replace("/etc/alertmanager/secrets", str(secrets)))
+    assert yaml.safe_load(folder.alertmanager_config.read_text()) == expected_am
+    for name in ("bridge-token", "slack-critical-url", "slack-warning-url"):
+        assert (secrets / name).stat().st_mode & 0o077 == 0, name  # secrets: owner only
+    assert (secrets / "bridge-token").read_text() == \
+        (tmp_path / "stack" / "bridge" / "secrets" / "bridge-token").read_text()
+
+    promtool = promtool_check_config(folder.prometheus_config)
+    assert promtool.returncode == 0, promtool.stdout + promtool.stderr
+    warnings = [line for line in (promtool.stdout + promtool.stderr).splitlines()
+                if "WARNING" in line]
+    # Only the file_sd patterns nobody fills on one host (JSON files, the chat jobs).
+    assert all("for file_sd in scrape job" in line for line in warnings), warnings
+    checked = promtool.stdout.count("rules.yml\n  SUCCESS:")  # each rule file promtool read
+    assert checked == len(list((REPO / "rules").glob("*.rules.yml"))), promtool.stdout
+    amtool = amtool_check_config(folder.alertmanager_config)
+    assert amtool.returncode == 0, amtool.stdout + amtool.stderr
+    bridge = run_cli("bridge", "check", "--config.file", str(folder.bridge_config))
+    assert bridge.returncode == 0, bridge.stdout + bridge.stderr
+
+    deploy_md = (REPO / "docs" / "deploy.md").read_text()
+    section = deploy_md.split("## One host by hand", 1)[1].split("\n## ", 1)[0]
+    for words in ("alertmanager:9093", "colossalai-bridge:9468", "localhost:9090",
+                  "colossalai-prober", "/etc/alertmanager/secrets/", "bridge-token",
+                  "slack-critical-url", "slack-warning-url", "--cluster.listen-address=",
+                  "--web.external-url=", "grafana_url", "prometheus-alertmanager",
+                  "colossalai-exporter demo --alerting"):
+        assert words in section, words

@@ -101,6 +101,27 @@ def test_dashboards_from_the_shipped_thresholds(installed: Path, tmp_path: Path)
         REPO / "deploy" / "kubernetes" / "dashboards.yaml").read_text()
 
 
+def test_the_one_host_folder_of_demo_alerting_from_the_installed_copy(
+        installed: Path, tmp_path: Path) -> None:
+    """`demo --alerting` writes its configs from the deploy/ files the wheel carries: the
+    same folder as from the checkout (but for the random bridge token)."""
+    code = ("import sys; from pathlib import Path; from colossalai_exporter.demo import onehost;"
+            " onehost.write(Path(sys.argv[1]), '127.0.0.1', onehost.Ports())")
+    env = {**os.environ, "PYTHONPATH": str(installed)}
+    subprocess.run([sys.executable, "-c", code, str(tmp_path / "wheel")], cwd=tmp_path,
+                   env=env, timeout=120, check=True)
+    from colossalai_exporter.demo import onehost
+    onehost.write(tmp_path / "checkout", "127.0.0.1", onehost.Ports())
+    for relative in ("prometheus/prometheus.yml", "alertmanager/templates/slack.tmpl",
+                     "prometheus/rules/colossalai-training.rules.yml"):
+        assert (tmp_path / "wheel" / relative).read_text() == \
+            (tmp_path / "checkout" / relative).read_text(), relative
+    wheel_am = (tmp_path / "wheel" / "alertmanager/alertmanager.yml").read_text()
+    assert wheel_am.replace(str(tmp_path / "wheel"), "") == \
+        (tmp_path / "checkout" / "alertmanager/alertmanager.yml").read_text().replace(
+            str(tmp_path / "checkout"), "")
+
+
 def test_the_repository_tools_are_not_in_the_product(installed: Path, tmp_path: Path) -> None:
     # docs/metrics.md and the dashboard PNGs are written by tools/, which only this
     # repository runs; the wheel has neither them nor a command for them.

@@ -17,6 +17,8 @@ PACKAGE = Path(__file__).resolve().parent
 # exporter/colossalai_exporter -> the repository root, when there is one
 REPO = PACKAGE.parents[1]
 _PACKAGED_RULES_CONFIG = PACKAGE / "rulesgen" / "config.yml"
+# The wheel carries the deploy/ files `demo --alerting` starts from (pyproject.toml).
+_PACKAGED_DEPLOY = PACKAGE / "deploy"
 
 
 def in_checkout() -> bool:
@@ -33,3 +35,8 @@ def output_dir(in_repo: str, installed: str) -> Path:
     """``REPO/in_repo`` in a checkout; ``installed``, relative to the working directory,
     otherwise."""
     return REPO / in_repo if in_checkout() else Path(installed)
+
+
+def deploy_file(relative: str) -> Path:
+    """A shipped file under deploy/: the repository's in a checkout, else the wheel's copy."""
+    return (REPO / "deploy" if in_checkout() else _PACKAGED_DEPLOY) / relative

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import signal
 import tempfile
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 
 import requests
 
+from colossalai_exporter.demo import alerting, onehost
 from colossalai_exporter.demo.launch import (
     Started,
     check_port_free,
@@ -23,6 +27,7 @@ from colossalai_exporter.demo.launch import (
 from colossalai_exporter.demo.summary import Summary, describe
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.flags import ArgumentParser
+from colossalai_exporter.training.snapshot import Snapshot
 
 DEFAULT_RANK0_PORT = 8766  # TrainingMonitor's default
 DEFAULT_AGENT_PORT = 9466  # the node agent's default
@@ -63,6 +68,10 @@ def parser() -> ArgumentParser:
     p.add_argument("--stall-for", type=positive(float, 0), default=0.0, metavar="SECONDS",
                    help="how long the stall lasts before the ranks exit (default: until "
                         "Ctrl-C)")
+    p.add_argument("--kill-after", type=positive(int, 1), default=None, metavar="N",
+                   help="kill the last rank with SIGKILL after step N, as the kernel's OOM "
+                        "killer would (default with --alerting: 100, unless --stall-after "
+                        "is given)")
     p.add_argument("--step-timeout", type=positive(float, 0.1), default=10.0,
                    metavar="SECONDS", help="the step budget a stall is judged by (default 10; "
                                             "real runs learn it)")
@@ -83,6 +92,20 @@ def parser() -> ArgumentParser:
                    help="where checkpoints go (default: WORKDIR/checkpoints)")
     p.add_argument("--interval", type=positive(float, 0.1), default=2.0,
                    help="seconds between summary lines (default 2)")
+    stack = p.add_argument_group("the alert path")
+    stack.add_argument("--alerting", action="store_true",
+                       help="also start, on this host, Prometheus with the shipped rules, "
+                            "Alertmanager with the shipped routing and Slack templates, the "
+                            "bridge, and a pager standing in for Slack and the on-call "
+                            "webhook (Debian's prometheus and prometheus-alertmanager must be "
+                            "installed); inject the failure and print the page on-call "
+                            "would get; runs until Ctrl-C")
+    defaults = onehost.Ports()
+    for name, what in (("prometheus", "Prometheus"), ("alertmanager", "Alertmanager"),
+                       ("bridge", "the bridge"), ("pager", "the pager")):
+        stack.add_argument(f"--{name}-port", type=positive(int, 1),
+                           default=getattr(defaults, name),
+                           help=f"port for {what} (default {getattr(defaults, name)})")
     return p
 
 
@@ -100,9 +123,19 @@ def wait_for_http(url: str, procs: Started, timeout: float) -> bool:
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     backend, what = choose_backend(args.backend)
+    ports = stack_ports(args)
+    if args.alerting:
+        alerting.binaries()  # a missing one is an error before anything starts
+        if not args.agent_port:
+            raise ConfigError("--alerting needs the node agent: leave --agent-port at a port")
+        if args.kill_after is None and not args.stall_after:
+            args.kill_after = 100
     check_port_free(args.host, args.port, "rank 0")
     if args.agent_port:
         check_port_free(args.host, args.agent_port, "node agent")
+    if args.alerting:
+        for name in ("prometheus", "alertmanager", "bridge", "pager"):
+            check_port_free(args.host, getattr(ports, name), name)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="colossalai-exporter-demo-"))
     run_dir = args.run_dir or workdir / "run"
     checkpoints = args.checkpoint_dir or workdir / "checkpoints"
@@ -122,10 +155,17 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
 
-    with open(workdir / "agent.log", "ab") as agent_log, \
+    with contextlib.ExitStack() as cleanup, \
+            open(workdir / "agent.log", "ab") as agent_log, \
             open(workdir / "train.log", "ab") as train_log:
+        # The alert path first, so that Prometheus sees the run from its first second,
+        # as it would a job started under a running stack. Stopped last.
+        stack = alerting.start(workdir, args.host, ports) if args.alerting else None
+        if stack:
+            cleanup.callback(stack.stop)
         agent = start_agent(args.host, args.agent_port, run_dir, checkpoints, agent_log) \
             if args.agent_port else Started([])
+        cleanup.callback(agent.stop)
         worker_args = ["--steps", str(args.steps), "--step-seconds", str(args.step_seconds),
                        "--stall-after", str(args.stall_after), "--stall-for", str(args.stall_for),
                        "--checkpoint-every", str(args.checkpoint_every),
@@ -134,17 +174,40 @@ def main(argv: list[str]) -> int:
                        "--step-timeout", str(args.step_timeout)]
         ranks = start_ranks(backend, args.ranks, worker_args, args.host, train_log,
                             args.master_port)
-        try:
-            return watch(args, backend, what, workdir, run_dir, base, agent_base, ranks, agent,
-                         stop)
-        finally:
-            ranks.stop()
-            agent.stop()
+        cleanup.callback(ranks.stop)
+        return watch(args, backend, what, workdir, run_dir, base, agent_base, ranks, agent,
+                     stop, stack)
+
+
+@dataclass
+class Failure:
+    """The failure the demo injects, and when it happened."""
+
+    kill_after: int | None
+    stall_after: int
+    at: float | None = None
+
+    def inject(self, snaps: list[Snapshot]) -> str | None:
+        """Kill the last rank once it has done ``kill_after`` steps, or note when the
+        ranks reached ``stall_after``; a line to print when it happens."""
+        if self.at is not None or not snaps:
+            return None
+        last = max(snaps, key=lambda snap: snap.rank)
+        if self.kill_after and last.steps >= self.kill_after and last.phase == "training":
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(last.pid, signal.SIGKILL)
+            self.at = time.time()
+            return (f"killed rank {last.rank} (pid {last.pid}) with SIGKILL at step "
+                    f"{last.steps}, as the kernel's OOM killer would")
+        if self.stall_after and all(snap.steps >= self.stall_after for snap in snaps):
+            self.at = max(snap.last_step or time.time() for snap in snaps)
+            return f"every rank stopped stepping after step {self.stall_after}"
+        return None
 
 
 def watch(args: argparse.Namespace, backend: str, what: str, workdir: Path, run_dir: Path,
           base: str, agent_base: str, ranks: Started, agent: Started,
-          stop: threading.Event) -> int:
+          stop: threading.Event, stack: alerting.AlertStack | None) -> int:
     print(f"colossalai-exporter demo: {args.ranks} ranks, {what}", flush=True)
     print(f"  rank 0 metrics   {base}/metrics", flush=True)
     print(f"  rank 0 health    {base}/health", flush=True)
@@ -153,27 +216,59 @@ def watch(args: argparse.Namespace, backend: str, what: str, workdir: Path, run_
         print(f"  agent health     {agent_base}/health")
     print(f"  run directory    {run_dir}   (rank snapshots, stall evidence)")
     print(f"  training log     {workdir / 'train.log'}", flush=True)
+    if stack:
+        for line in alerting.introduce(stack, args.host, stack_ports(args), workdir):
+            print(line, flush=True)
     if args.stall_after:
         lasts = f"for {args.stall_for:g} s" if args.stall_for else "until you press Ctrl-C"
         print(f"  every rank stops stepping after step {args.stall_after}, {lasts}; watch "
               f"/health turn 503 about {args.step_timeout:g} s later", flush=True)
-    print("  Ctrl-C stops the ranks and the node agent", flush=True)
+    if args.kill_after:
+        print(f"  the last rank is killed with SIGKILL after step {args.kill_after}",
+              flush=True)
+    print("  Ctrl-C stops " + ("everything the demo started" if stack
+                               else "the ranks and the node agent"), flush=True)
     if args.agent_port and not wait_for_http(agent_base + "/health", agent, 15):
         print(f"node agent did not come up: see {workdir / 'agent.log'}", flush=True)
     summary = Summary(run_dir, base + "/health",
                       agent_base + "/metrics" if args.agent_port else None)
-    while ranks.running() and not stop.is_set():
-        for line in summary.look():
+    failure = Failure(args.kill_after, args.stall_after)
+    pages = alerting.PageWatch(stack.pager) if stack else None
+    ended = False
+    while not stop.is_set():
+        lines = summary.look() if not ended else []
+        injected = failure.inject(summary.snapshots()) if not ended else None
+        lines += [injected] if injected else []
+        lines += pages.look(failure.at) if pages else []
+        for line in lines:
             print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)
+        if not ended and not ranks.running():
+            ended = True
+            code = report_end(args, backend, workdir, ranks, summary)
+            if not stack:
+                return code
+            print("the alert path stays up for you to look at (the URLs above); Ctrl-C "
+                  "stops it", flush=True)
         stop.wait(args.interval)
-    if stop.is_set():
-        print("interrupted: stopping the ranks and the node agent", flush=True)
-        return 130
+    print("interrupted: stopping " + ("everything the demo started" if stack
+                                      else "the ranks and the node agent"), flush=True)
+    return 130
+
+
+def stack_ports(args: argparse.Namespace) -> onehost.Ports:
+    return onehost.Ports(args.prometheus_port, args.alertmanager_port, args.bridge_port,
+                         args.agent_port, args.port, args.pager_port)
+
+
+def report_end(args: argparse.Namespace, backend: str, workdir: Path, ranks: Started,
+               summary: Summary) -> int:
+    """Print how the run ended; the exit code the demo ends with."""
     codes = ranks.returncodes()
     print(f"training ended ({backend}), exit codes {codes}, logs in {workdir}:", flush=True)
     for line in describe(summary.snapshots()):
         print(f"  {line}", flush=True)
-    if not args.stall_after:
-        print("next: add --stall-after 100 to see a stall reach /health and the node agent; "
-              "docs/deploy.md wires Prometheus, the rules and Alertmanager", flush=True)
+    if not args.stall_after and not args.kill_after:
+        print("next: add --stall-after 100 to see a stall reach /health and the node agent, "
+              "or --alerting to see the page it sends (Prometheus, Alertmanager and the "
+              "bridge on this host); docs/deploy.md wires them for real", flush=True)
     return 0 if all(code == 0 for code in codes) else 1
