@@ -582,8 +582,3 @@ def label_names() -> frozenset[str]:
     on it (``run`` joins the alerts of a job, Alertmanager's inhibitions) would misfire.
     """
     return frozenset(label for metric in CATALOGUE for label in metric.labels)
-
-
-def in_component(*components: str) -> tuple[Metric, ...]:
-    """Catalogued metrics of the named components, in catalogue order."""
-    return tuple(m for m in CATALOGUE if m.component in components)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 
 from colossalai_exporter.bridge.config import check_file, load_config
-from colossalai_exporter.bridge.store import Store, StoreError
+from colossalai_exporter.bridge.store import DeadLetter, Delivery, Store, StoreError
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.flags import ArgumentParser, add_common_flags
 from colossalai_exporter.logs import setup_logging
@@ -101,12 +101,14 @@ def _outbox(argv: Sequence[str]) -> int:
     try:
         if args.action == "list":
             now = time.time()
-            rows = store.pending(args.target, dead=args.dead)
             when = "failed_ago" if args.dead else "next_in"
             print(f"{'id':>8}  {'target':<24} {'kind':<8} {'age':>9} {'attempts':>8} "
                   f"{when:>10}  last_error")
+            rows: list[Delivery] | list[DeadLetter] = (
+                store.dead_letters(args.target) if args.dead else store.pending(args.target))
             for d in rows:
-                timing = now - d.next_attempt_at if args.dead else d.next_attempt_at - now
+                timing = now - d.failed_at if isinstance(d, DeadLetter) \
+                    else d.next_attempt_at - now
                 print(f"{d.id:>8}  {d.target:<24} {d.kind:<8} {now - d.created_at:>8.0f}s "
                       f"{d.attempts:>8} {max(0.0, timing):>9.0f}s  {d.last_error}")
             return 0

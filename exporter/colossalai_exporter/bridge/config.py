@@ -228,23 +228,6 @@ class _Section:
             return default
         return value
 
-    def readable_file(self, key: str) -> str | None:
-        """A path that can be opened for reading now (checked at load, not first use)."""
-        value = self.data.get(key)
-        if value is None:
-            return None
-        if not isinstance(value, str) or not value:
-            self.problems.add(self._at(key), "must be a non-empty string")
-            return None
-        path = self.problems.path(value)
-        try:
-            with path.open("rb"):
-                pass
-        except OSError as exc:
-            self.problems.add(self._at(key), f"cannot read {path}: {exc.strerror}")
-            return None
-        return str(path)
-
     def integer(self, key: str, default: int, minimum: int = 0) -> int:
         value = self.data.get(key, default)
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:

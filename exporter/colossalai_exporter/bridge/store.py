@@ -25,7 +25,7 @@ Tables:
 
 All access goes through one connection guarded by a lock: writes are
 serialised by SQLite anyway, and the lock keeps Python's sqlite3 module safe
-across the HTTP worker threads and the delivery workers.
+across the threads that use it: the group committer's and the delivery workers'.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS notifications (
@@ -115,6 +115,20 @@ class Delivery:
     notification_id: int
     created_at: float
     next_attempt_at: float
+    attempts: int
+    last_error: str
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """A delivery given up on: when it failed for the last time, and why."""
+
+    id: int
+    target: str
+    kind: str
+    notification_id: int
+    created_at: float
+    failed_at: float
     attempts: int
     last_error: str
 
@@ -390,16 +404,22 @@ class Store:
                                     "WHERE last_success IS NOT NULL").fetchall()
         return {str(t): float(s) for t, s in rows}
 
-    def pending(self, target: str | None = None, dead: bool = False) -> list[Delivery]:
-        table = "dead_letters" if dead else "outbox"
-        columns = ("id, target, kind, notification_id, created_at, failed_at, attempts, "
-                   "last_error" if dead else "id, target, kind, notification_id, created_at, "
-                   "next_attempt_at, attempts, last_error")
+    def pending(self, target: str | None = None) -> list[Delivery]:
+        """The outbox (one target's, or all), oldest first."""
+        return [Delivery(*row) for row in self._rows(
+            "outbox", "next_attempt_at", target)]
+
+    def dead_letters(self, target: str | None = None) -> list[DeadLetter]:
+        """The dead letters (one target's, or all), oldest first."""
+        return [DeadLetter(*row) for row in self._rows("dead_letters", "failed_at", target)]
+
+    def _rows(self, table: str, when: str, target: str | None) -> list[Any]:
         where, args = ("WHERE target=?", (target,)) if target else ("", ())
         with self._lock:
-            rows = self._db.execute(f"SELECT {columns} FROM {table} {where} ORDER BY id",
-                                    args).fetchall()
-        return [Delivery(*row) for row in rows]
+            rows: list[Any] = self._db.execute(
+                f"SELECT id, target, kind, notification_id, created_at, {when}, attempts, "
+                f"last_error FROM {table} {where} ORDER BY id", args).fetchall()
+        return rows
 
     def retry_dead(self, ids: Sequence[int] | None, now: float | None = None) -> int:
         """Move dead letters (all when ``ids`` is None) back into the outbox."""

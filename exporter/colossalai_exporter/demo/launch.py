@@ -38,7 +38,8 @@ def choose_backend(requested: str) -> tuple[str, str]:
                              "(gloo) instead; install colossalai to see the Booster integration")
         else:
             return "plain", ("torch is not installed: running a plain Python loop instead; "
-                             "install the 'training' extra for a torch or ColossalAI run")
+                             "for a torch or ColossalAI run, install them as "
+                             "docs/training.md, 'Installing', says")
     for module in {"colossalai": ("torch", "colossalai"), "torch": ("torch",)}.get(requested, ()):
         if not installed(module):
             raise ConfigError(f"--backend {requested} needs {module}, which is not installed")

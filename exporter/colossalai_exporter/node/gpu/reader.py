@@ -31,10 +31,6 @@ from colossalai_exporter.node.gpu.protocol import (
 MAX_EVENTS_PER_SAMPLE = 256
 
 
-class _Lost(Exception):
-    """A GPU is lost: NVML must be shut down and initialised again."""
-
-
 class NvmlReader:
     """Samples every visible GPU through ``nvml``, a module with pynvml's API."""
 
