@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.server
 import logging
 import socket
@@ -20,16 +21,19 @@ TOKEN = "s3cret-token-123"
 
 
 class Receiver(http.server.ThreadingHTTPServer):
-    """The heartbeat service: records the paths it is pinged on, answers 200."""
+    """The heartbeat service: records the paths it is pinged on, answers 200 (or, with
+    ``redirect_to``, 302 to that URL)."""
 
-    def __init__(self) -> None:
+    def __init__(self, redirect_to: str | None = None) -> None:
         self.paths: list[str] = []
         outer = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 outer.paths.append(self.path)
-                self.send_response(200)
+                self.send_response(302 if redirect_to else 200)
+                if redirect_to:
+                    self.send_header("Location", redirect_to)
                 self.send_header("Content-Length", "2")
                 self.end_headers()
                 self.wfile.write(b"OK")
@@ -44,14 +48,21 @@ class Receiver(http.server.ThreadingHTTPServer):
         return f"http://127.0.0.1:{self.server_address[1]}"
 
 
-@pytest.fixture
-def receiver() -> Iterator[Receiver]:
-    server = Receiver()
+@contextlib.contextmanager
+def serving(server: Receiver) -> Iterator[Receiver]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def receiver() -> Iterator[Receiver]:
+    with serving(Receiver()) as server:
+        yield server
 
 
 def run_steps(monitor: TrainingMonitor, n: int) -> float:
@@ -172,3 +183,32 @@ def test_redact_keeps_scheme_and_host_only() -> None:
     assert redact(f"https://vigilmon.online/api/heartbeat/{TOKEN}?x=1") == \
         "https://vigilmon.online/…"
     assert redact("http://10.0.0.1:8080/hb/abc") == "http://10.0.0.1:8080/…"
+
+
+def test_pings_take_no_proxy_from_the_environment_and_follow_no_redirect(
+        tmp_path: Path, receiver: Receiver, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As the bridge's deliveries: HTTP_PROXY would route the token through a host the
+    config never named, and a redirect would hand it to another. The proxy gets nothing;
+    the redirect is a failure and its target gets nothing."""
+    with serving(Receiver()) as proxy, \
+            serving(Receiver(redirect_to=f"{receiver.base}/stolen")) as redirector:
+        for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+            monkeypatch.setenv(name, proxy.base)
+        for name in ("NO_PROXY", "no_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        monitor = TrainingMonitor(
+            serve="none", run_dir=tmp_path, heartbeat_every=1,
+            step_heartbeat_url=f"{receiver.base}/api/heartbeat/{TOKEN}",
+            checkpoint_heartbeat_url=f"{redirector.base}/api/heartbeat/{TOKEN}")
+        try:
+            run_steps(monitor, 3)
+            with monitor.checkpoint():
+                pass
+            wait_until(lambda: monitor.snapshot().heartbeats["step"].success >= 1
+                       and monitor.snapshot().heartbeats["checkpoint"].failure >= 1,
+                       timeout=30, what="the step ping sent and the redirect counted")
+        finally:
+            monitor.close()
+        assert proxy.paths == []
+        assert redirector.paths == [f"/api/heartbeat/{TOKEN}"]
+        assert not [path for path in receiver.paths if path.startswith("/stolen")]

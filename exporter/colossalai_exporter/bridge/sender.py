@@ -1,11 +1,8 @@
 """Outbound HTTP with ``requests``: one request, a deadline, a classified result.
 
-Redirects are not followed: a redirect would send the request — and a
-heartbeat token or a signed body — to an address the config never named.
-For the same reason sessions ignore the environment (:func:`new_session`):
-``HTTP_PROXY``/``HTTPS_PROXY``/``ALL_PROXY`` would route every request,
-token in the URL, through a host the config does not name, and ``~/.netrc``
-would add credentials the config does not hold. The one thing the environment
+Redirects are not followed and sessions ignore the environment (proxies, .netrc),
+for the reasons colossalai_exporter/outbound.py gives: a heartbeat token or a
+signed body must go only where the config says. The one thing the environment
 could usefully give, a CA bundle (``REQUESTS_CA_BUNDLE``), comes from the
 target's ``tls`` block instead, with client certificates: ``verify=`` and
 ``cert=`` on every request, and an adapter for what requests has no argument
@@ -29,6 +26,7 @@ import requests
 import urllib3
 from requests.adapters import DEFAULT_POOLBLOCK, HTTPAdapter
 
+from colossalai_exporter import outbound
 from colossalai_exporter.bridge.config import Endpoint, TLSSettings
 from colossalai_exporter.configfile import TLS_VERSIONS, ssl_error_text
 from colossalai_exporter.version import __version__
@@ -80,8 +78,7 @@ def new_session(tls: TLSSettings | None = None, host: str | None = None) -> requ
     sets what cannot be given per request; :func:`send` gives the rest.
     ``host`` is the endpoint's host, for the warning filter below.
     """
-    session = requests.Session()
-    session.trust_env = False
+    session = outbound.session()
     if tls is not None and (tls.server_name or tls.min_version):
         session.mount("https://", _TLSAdapter(tls))
     if tls is not None and tls.insecure_skip_verify and host:

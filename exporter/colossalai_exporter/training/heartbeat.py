@@ -12,7 +12,9 @@ per ping. Here one daemon thread sends every ping:
 
 Every request has connect and read timeouts. Results are counted per
 heartbeat (``success``, ``failure``, ``dropped``). A URL's path and query carry
-the service's token, so logs only ever show ``scheme://host/…``.
+the service's token, so logs only ever show ``scheme://host/…``, and the pings go
+out as the bridge's do (colossalai_exporter/outbound.py): no proxy or ``.netrc``
+from the environment, no redirect followed.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from urllib.parse import urlsplit
 
 import requests
 
+from colossalai_exporter import outbound
 from colossalai_exporter.training.snapshot import HeartbeatState
 from colossalai_exporter.training.state import RankState
 
@@ -95,7 +98,7 @@ class HeartbeatSender:
         self._next_step_ping = 1
         self._on_error = on_error
         self._thread: threading.Thread | None = None
-        self._session = requests.Session()
+        self._session = outbound.session()  # no proxies or .netrc from the environment
         for name, url in self._urls.items():
             if url:
                 state.heartbeats[name] = HeartbeatState()
@@ -153,7 +156,8 @@ class HeartbeatSender:
         stats = self._state.heartbeats[name]
         stats.last_attempt = time.time()
         try:
-            response = self._session.get(url, timeout=self._timeout)
+            # A redirect is a failure, not followed: it would carry the token elsewhere.
+            response = self._session.get(url, timeout=self._timeout, allow_redirects=False)
             response.close()
         except requests.RequestException as exc:
             self._count(name, "failure")
