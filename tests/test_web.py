@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import ssl
@@ -502,3 +503,38 @@ def test_metrics_are_gzipped_over_the_threshold_as_prometheus_asks(
     assert gzip.decompress(packed) == plain
     _, refused = get("gzip;q=0, identity")
     assert refused == plain
+
+
+def test_canary_the_installed_uvicorn_is_one_the_http_layer_was_tested_on() -> None:
+    """web/server.py extends uvicorn's httptools protocol through parts uvicorn does not
+    promise to keep; pyproject.toml pins the range this file passed on. This fails first,
+    and says what is missing, when another uvicorn is installed (a resolver that ignored
+    the pin, or a maintainer widening it: scripts/check-uvicorn.sh)."""
+    import inspect
+    from importlib.metadata import version
+
+    from packaging.requirements import Requirement
+    from uvicorn.protocols.http import httptools_impl
+
+    from conftest import REPO
+
+    if os.environ.get("COLOSSALAI_EXPORTER_TRY_UVICORN"):
+        pytest.skip("scripts/check-uvicorn.sh is trying a uvicorn outside the pin")
+    protocol = httptools_impl.HttpToolsProtocol
+    methods = ("connection_made", "connection_lost", "data_received", "on_message_begin",
+               "on_url", "on_header", "on_headers_complete", "send_400_response",
+               "_unsupported_upgrade_warning")
+    missing = [name for name in methods if not callable(getattr(protocol, name, None))]
+    init = inspect.getsource(protocol.__init__)
+    missing += [name for name in ("self.cycle", "self.server_state", "self.logger",
+                                  "self.loop", "self.transport")
+                if name not in init and name not in inspect.getsource(protocol)]
+    missing += [] if hasattr(httptools_impl, "STATUS_LINE") else ["STATUS_LINE"]
+    installed = version("uvicorn")
+    assert not missing, f"uvicorn {installed} lacks what web/server.py uses: {missing}"
+    (pin,) = [Requirement(r) for r in re.findall(r'^  "(uvicorn[^"]*)",$',
+                                                 (REPO / "pyproject.toml").read_text(),
+                                                 re.MULTILINE)]
+    assert pin.specifier.contains(installed), (
+        f"uvicorn {installed} is outside the tested range {pin.specifier}: run "
+        f"scripts/check-uvicorn.sh {installed} and widen the pin if it passes")
