@@ -148,3 +148,83 @@ def test_serve_modes_choose_ranks_and_ports(tmp_path: Path) -> None:
     finally:
         other.close()
         local.close()
+
+
+def test_the_rank_server_takes_the_web_config_tls_client_certificates_and_basic_auth(
+        tmp_path: Path, pki: Path) -> None:
+    """As every other server of the project: TLS with a required client certificate and
+    bcrypt basic auth, from TrainingMonitor(web_config=…)."""
+    import ssl
+    import urllib.error
+    import urllib.request
+    from base64 import b64encode
+
+    import bcrypt
+
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {pki}/server.crt\n"
+                   f"  key_file: {pki}/server.key\n"
+                   "  client_auth_type: RequireAndVerifyClientCert\n"
+                   f"  client_ca_file: {pki}/ca.crt\n"
+                   f"basic_auth_users:\n  prometheus: '{hashed}'\n")
+    monitor = TrainingMonitor(port=free_port(), host="127.0.0.1", run_dir=tmp_path / "run",
+                              web_config=web)
+    try:
+        assert monitor.url is not None and monitor.url.startswith("https://127.0.0.1:")
+        client = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        client.load_cert_chain(str(pki / "client.crt"), str(pki / "client.key"))
+
+        def get(auth: str | None) -> int:
+            headers = {"Authorization": "Basic " + b64encode(auth.encode()).decode()} \
+                if auth else {}
+            request = urllib.request.Request(monitor.url + "/metrics", headers=headers)
+            try:
+                with urllib.request.urlopen(request, context=client, timeout=5) as response:
+                    return int(response.status)
+            except urllib.error.HTTPError as exc:
+                exc.close()
+                return exc.code
+
+        assert get("prometheus:s3cret") == 200
+        assert get(None) == 401
+        assert get("prometheus:wrong") == 401
+        no_cert = ssl.create_default_context(cafile=str(pki / "ca.crt"))
+        with pytest.raises((ssl.SSLError, urllib.error.URLError, ConnectionResetError)):
+            urllib.request.urlopen(monitor.url + "/health", context=no_cert, timeout=5).read()
+    finally:
+        monitor.close()
+
+
+def test_the_web_config_from_the_environment_and_a_bad_one_serves_nothing(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """COLOSSALAI_EXPORTER_WEB_CONFIG, for launchers that set the environment; a file
+    that cannot be read or parsed leaves the rank without a server (never an open one),
+    with a warning, and training goes on."""
+    import bcrypt
+
+    hashed = bcrypt.hashpw(b"s3cret", bcrypt.gensalt(rounds=4)).decode()
+    web = tmp_path / "web.yml"
+    web.write_text(f"basic_auth_users:\n  prometheus: '{hashed}'\n")
+    monkeypatch.setenv("COLOSSALAI_EXPORTER_WEB_CONFIG", str(web))
+    monitor = TrainingMonitor(port=free_port(), host="127.0.0.1", run_dir=tmp_path / "run")
+    try:
+        assert monitor.url is not None
+        assert http_get(monitor.url + "/metrics")[0] == 401
+    finally:
+        monitor.close()
+
+    web.write_text("basic_auth_users: [not, a, mapping]\n")
+    with caplog.at_level(logging.WARNING, "colossalai_exporter.training"):
+        monitor = TrainingMonitor(port=free_port(), host="127.0.0.1", run_dir=tmp_path / "run")
+    try:
+        assert monitor.url is None
+        messages = [r.getMessage() for r in caplog.records]
+        assert any("cannot serve /metrics and /health" in m and str(web) in m
+                   for m in messages), messages
+        monitor.step_done(0.01)
+        assert monitor.snapshot().steps == 1
+        assert monitor.snapshot().monitor_errors["server"] == 1
+    finally:
+        monitor.close()

@@ -7,7 +7,6 @@ import os
 import re
 import socket
 import ssl
-import subprocess
 import threading
 import time
 import urllib.error
@@ -23,28 +22,6 @@ from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.web import App, json_response, load_web_config, serve
 from colossalai_exporter.web import server as web_server
 from colossalai_exporter.web.auth import BasicAuthenticator
-from conftest import require_binary
-
-
-def openssl(*args: str, cwd: Path) -> None:
-    subprocess.run([require_binary("openssl"), *args], cwd=cwd, check=True,
-                   capture_output=True, timeout=60)
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A throwaway CA, a server certificate for 127.0.0.1 and a client certificate."""
-    d = tmp_path_factory.mktemp("pki")
-    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=test-ca",
-            "-keyout", "ca.key", "-out", "ca.crt", cwd=d)
-    for name in ("server", "client"):
-        openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={name}",
-                "-keyout", f"{name}.key", "-out", f"{name}.csr", cwd=d)
-        (d / f"{name}.ext").write_text("subjectAltName=IP:127.0.0.1\n")
-        openssl("x509", "-req", "-in", f"{name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                "-CAcreateserial", "-days", "2", "-extfile", f"{name}.ext",
-                "-out", f"{name}.crt", cwd=d)
-    return d
 
 
 def hello_app(web_config_path: Path | None = None, max_body: int = 1 << 20) -> tuple[App, object]:

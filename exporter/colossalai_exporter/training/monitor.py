@@ -173,7 +173,12 @@ class TrainingMonitor:
       initialised, else ``RANK`` / ``LOCAL_RANK`` / ``WORLD_SIZE``.
     * ``serve``: ``"rank0"`` (default), ``"local"`` (every rank, on ``port`` +
       local rank) or ``"none"``; ``COLOSSALAI_EXPORTER_SERVE``.
-    * ``port`` (8766, ``COLOSSALAI_EXPORTER_PORT``), ``host`` ("0.0.0.0").
+    * ``port`` (8766, ``COLOSSALAI_EXPORTER_PORT``), ``host`` ("0.0.0.0": Prometheus
+      scrapes it from another host, as every exporter).
+    * ``web_config``: the exporter web config file (TLS, client certificates, bcrypt
+      basic auth) that the node agent, prober and bridge take with
+      ``--web.config.file`` (``COLOSSALAI_EXPORTER_WEB_CONFIG``); a file that cannot
+      be read or is invalid means no server, with a warning (never an open one).
     * ``run_dir``: snapshot directory (``COLOSSALAI_EXPORTER_RUN_DIR``, default
       ``/dev/shm/colossalai-exporter``); ``None`` disables snapshots.
     * ``budgets`` or the shortcuts ``step_timeout`` (fixes the learned step budget),
@@ -203,6 +208,7 @@ class TrainingMonitor:
         serve: str | None = None,
         port: int | None = None,
         host: str = "0.0.0.0",
+        web_config: str | os.PathLike[str] | None = None,
         run_dir: str | os.PathLike[str] | bool | None = True,
         budgets: Budgets | None = None,
         step_timeout: float | None = None,
@@ -239,7 +245,8 @@ class TrainingMonitor:
             self._serve = "none"
         self._port = port if port is not None else (
             _env_int("COLOSSALAI_EXPORTER_PORT") or DEFAULT_PORT)
-        self._host = host
+        self._host, self._web_config = host, (
+            web_config or os.environ.get("COLOSSALAI_EXPORTER_WEB_CONFIG") or None)
         if run_dir is True:
             self.run_dir: Path | None = snapfiles.default_run_dir()
         elif run_dir is False or run_dir is None:
@@ -327,10 +334,11 @@ class TrainingMonitor:
         port = self._port + (self.local_rank if self._serve == "local" else 0)
         try:
             from colossalai_exporter.training.server import build_app
-            from colossalai_exporter.web import serve
+            from colossalai_exporter.web import load_web_config, serve
 
-            self._server = serve(build_app(self.snapshot), f"{self._host}:{port}",
-                                 name="training",
+            web_config = load_web_config(os.fspath(self._web_config) if self._web_config else None)
+            self._server = serve(build_app(self.snapshot, web_config=web_config),
+                                 f"{self._host}:{port}", web_config, name="training",
                                  option="TrainingMonitor(port=…, host=…) / "
                                         "COLOSSALAI_EXPORTER_PORT")
         except ConfigError as exc:

@@ -22,7 +22,15 @@ from prometheus_client.registry import Collector
 from colossalai_exporter.training.families import families
 from colossalai_exporter.training.snapshot import Snapshot
 from colossalai_exporter.training.state import healthy
-from colossalai_exporter.web import App, Request, Response, json_response, metrics_response
+from colossalai_exporter.web import (
+    App,
+    Request,
+    Response,
+    WebConfig,
+    json_response,
+    metrics_response,
+)
+from colossalai_exporter.web.auth import BasicAuthenticator
 
 Snapshotter = Callable[[], Snapshot]
 
@@ -67,13 +75,18 @@ def health_body(snap: Snapshot) -> tuple[int, dict[str, Any]]:
     return (200 if ok else 503), body
 
 
-def build_app(snapshot: Snapshotter, registry: CollectorRegistry | None = None) -> App:
-    """The rank server's routes; ``registry`` defaults to this rank plus process metrics."""
+def build_app(snapshot: Snapshotter, registry: CollectorRegistry | None = None,
+              web_config: WebConfig | None = None) -> App:
+    """The rank server's routes; ``registry`` defaults to this rank plus process metrics.
+    ``web_config``'s basic-auth users and headers apply to every route, as on the
+    project's other servers (its TLS settings go to :func:`~colossalai_exporter.web.serve`)."""
     if registry is None:
         registry = CollectorRegistry()
         registry.register(SnapshotCollector(snapshot))
         ProcessCollector(registry=registry)
-    app = App()
+    web_config = web_config or WebConfig()
+    app = App(authenticator=BasicAuthenticator(web_config.basic_auth_users),
+              extra_headers=web_config.headers, max_body_bytes=0)
 
     def metrics(request: Request) -> Response:
         return metrics_response(registry, request)
