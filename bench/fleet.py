@@ -49,9 +49,12 @@ import yaml  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from colossalai_exporter import catalogue  # noqa: E402
-from colossalai_exporter.training.activity import Activity  # noqa: E402
-from colossalai_exporter.training.families import RankFamilies, families  # noqa: E402
-from colossalai_exporter.training.snapshot import CheckpointState, Snapshot  # noqa: E402
+from colossalai_exporter.rankstate.families import RankFamilies, families  # noqa: E402
+from colossalai_exporter.rankstate.schema import (  # noqa: E402
+    Activity,
+    CheckpointState,
+    Snapshot,
+)
 from colossalai_exporter.training.state import STEP_BUCKETS  # noqa: E402
 from colossalai_exporter.web.exposition import encode_text  # noqa: E402
 from conftest import free_port, wait_until  # noqa: E402

@@ -22,8 +22,8 @@ import pytest
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from colossalai_exporter.training.families import families
-from colossalai_exporter.training.snapshot import HeartbeatState
+from colossalai_exporter.rankstate.families import families
+from colossalai_exporter.rankstate.schema import HeartbeatState
 from colossalai_exporter.training.state import Budgets, RankState
 from conftest import REPO, wait_until
 from grafana_render import jsonmodel

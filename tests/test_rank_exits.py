@@ -18,8 +18,9 @@ import pytest
 from colossalai_exporter.node.exits import ExitJudge
 from colossalai_exporter.node.oom import KernelLog
 from colossalai_exporter.node.ranks import RanksCollector
+from colossalai_exporter.rankstate.files import read_snapshot, snapshot_path
+from colossalai_exporter.rankstate.schema import Snapshot
 from colossalai_exporter.training.errors import error_record, is_peer_failure
-from colossalai_exporter.training.snapshot import Snapshot, read_snapshot, snapshot_path
 from colossalai_exporter.training.state import STEP_BUCKETS
 from conftest import cli_env, wait_until
 

@@ -18,7 +18,8 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric as MetricFamily
 
 from colossalai_exporter.node.ranks import RanksCollector
-from colossalai_exporter.training.snapshot import ERROR_REASONS, read_snapshot
+from colossalai_exporter.rankstate.files import read_snapshot
+from colossalai_exporter.rankstate.schema import ERROR_REASONS
 from conftest import cli_env, require, require_binary, wait_until
 
 # A rank: a plain Python loop with the monitor (the snapshots are the same as under

@@ -147,7 +147,7 @@ def test_durations() -> None:
 def test_no_rule_reads_an_in_process_only_series_from_the_node_agent() -> None:
     """The agent leaves these out (series budget): a rule reading them from its job
     would never fire."""
-    from colossalai_exporter.training.families import INSIDE_ONLY
+    from colossalai_exporter.rankstate.families import INSIDE_ONLY
 
     names = "|".join(sorted(INSIDE_ONLY))
     selector = re.compile(rf"\b({names})(?:_bucket|_sum|_count)?\{{([^}}]*)\}}")

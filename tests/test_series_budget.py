@@ -26,13 +26,9 @@ from prometheus_client.parser import text_string_to_metric_families as text_pars
 
 from colossalai_exporter import TrainingMonitor, catalogue
 from colossalai_exporter.node.ranks import RanksCollector
-from colossalai_exporter.training.families import INSIDE_ONLY, families
-from colossalai_exporter.training.snapshot import (
-    GeminiState,
-    Snapshot,
-    prepare_run_dir,
-    write_snapshot,
-)
+from colossalai_exporter.rankstate.families import INSIDE_ONLY, families
+from colossalai_exporter.rankstate.files import prepare_run_dir, write_snapshot
+from colossalai_exporter.rankstate.schema import GeminiState, Snapshot
 from colossalai_exporter.web.exposition import encode_openmetrics, encode_text
 
 BUDGET_PER_RANK = 25

@@ -18,7 +18,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from colossalai_exporter.training.activity import Activity, sample
+from colossalai_exporter.rankstate.schema import Activity
+from colossalai_exporter.training.activity import sample
 from conftest import cli_env, free_port, require
 
 TWO_RANKS = textwrap.dedent("""

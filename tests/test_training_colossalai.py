@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 
 from colossalai_exporter.node.ranks import RanksCollector
-from colossalai_exporter.training.snapshot import read_snapshot
+from colossalai_exporter.rankstate.files import read_snapshot
 from conftest import cli_env, free_port, http_get, require, wait_until
 from test_ranks_collector import Adapter
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from colossalai_exporter import TrainingMonitor
-from colossalai_exporter.training.snapshot import read_snapshot, snapshot_path
+from colossalai_exporter.rankstate.files import read_snapshot, snapshot_path
 from conftest import free_port, http_get, wait_until
 from test_training_monitor import sample
 

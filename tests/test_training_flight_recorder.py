@@ -122,7 +122,7 @@ def test_a_stalled_rank_behind_in_a_group_is_visible_from_its_snapshot(tmp_path:
     both stall, and their snapshots say how far each got in each process group, with
     no recorder setting (torch 2.13 records gloo's collectives by default)."""
     require(importlib.util.find_spec("torch") is not None, "torch (scripts/install-dev.sh)")
-    from colossalai_exporter.training.snapshot import read_all_snapshots
+    from colossalai_exporter.rankstate.files import read_all_snapshots
     from conftest import wait_until
 
     port, hold = str(free_port()), "30"

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from colossalai_exporter import TrainingMonitor
+from colossalai_exporter.rankstate.families import families
 from colossalai_exporter.training import classify_oom
 from colossalai_exporter.training.colossal import plugin_info
-from colossalai_exporter.training.families import families
 from test_training_monitor import need_torch
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from colossalai_exporter.training.snapshot import read_snapshot, snapshot_path
+from colossalai_exporter.rankstate.files import read_snapshot, snapshot_path
 from conftest import REPO, free_port
 
 SCRIPT = textwrap.dedent("""

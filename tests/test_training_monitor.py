@@ -12,12 +12,13 @@ import msgspec
 import pytest
 
 from colossalai_exporter import TrainingMonitor
+from colossalai_exporter.rankstate.families import families
+from colossalai_exporter.rankstate.schema import Snapshot
+from colossalai_exporter.rankstate.verdict import judge
 from colossalai_exporter.training import Budgets, classify_oom
 from colossalai_exporter.training.device_loss import DeviceLossReader
-from colossalai_exporter.training.families import families
 from colossalai_exporter.training.monitor import detect_ranks
-from colossalai_exporter.training.snapshot import Snapshot
-from colossalai_exporter.training.state import RankState, judge
+from colossalai_exporter.training.state import RankState
 from conftest import require, wait_until
 
 

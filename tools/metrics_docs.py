@@ -15,7 +15,7 @@ from pathlib import Path
 
 from colossalai_exporter.catalogue import CATALOGUE, COMPONENT_TITLES, Metric
 from colossalai_exporter.generated import write_or_check
-from colossalai_exporter.training.families import INSIDE_ONLY
+from colossalai_exporter.rankstate.families import INSIDE_ONLY
 
 HEADER = """\
 # Metrics

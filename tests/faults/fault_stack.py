@@ -28,7 +28,8 @@ import psutil
 import requests
 import yaml
 
-from colossalai_exporter.training.snapshot import Snapshot, read_snapshot, snapshot_path
+from colossalai_exporter.rankstate.files import read_snapshot, snapshot_path
+from colossalai_exporter.rankstate.schema import Snapshot
 from conftest import ServerProcess, cli_env, free_port, stop_process, wait_until
 from fake_vigilmon import FakeVigilmon, Recorded
 from prometheus_helpers import (

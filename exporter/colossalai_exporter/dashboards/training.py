@@ -20,10 +20,10 @@ from colossalai_exporter.dashboards.model import (
     table,
     timeseries,
 )
+from colossalai_exporter.rankstate.schema import PHASES
 from colossalai_exporter.rulesgen import rules
 from colossalai_exporter.rulesgen.config import RulesConfig
 from colossalai_exporter.rulesgen.promql import Selector
-from colossalai_exporter.training.state import PHASES
 
 UID = "colossalai-training"
 

@@ -27,7 +27,7 @@ from colossalai_exporter.demo.launch import (
 from colossalai_exporter.demo.summary import Summary, describe
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.flags import ArgumentParser
-from colossalai_exporter.training.snapshot import Snapshot
+from colossalai_exporter.rankstate.schema import Snapshot
 
 DEFAULT_RANK0_PORT = 8766  # TrainingMonitor's default
 DEFAULT_AGENT_PORT = 9466  # the node agent's default

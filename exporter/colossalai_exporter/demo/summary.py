@@ -15,8 +15,9 @@ from pathlib import Path
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from colossalai_exporter.training.snapshot import Snapshot, read_all_snapshots
-from colossalai_exporter.training.state import judge
+from colossalai_exporter.rankstate.files import read_all_snapshots
+from colossalai_exporter.rankstate.schema import Snapshot
+from colossalai_exporter.rankstate.verdict import judge
 
 HTTP_TIMEOUT = 2.0
 

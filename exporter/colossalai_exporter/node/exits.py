@@ -49,7 +49,7 @@ from colossalai_exporter.node.oom import (
     memory_cgroup,
     vmstat_oom_kills,
 )
-from colossalai_exporter.training.snapshot import Snapshot
+from colossalai_exporter.rankstate.schema import Snapshot
 
 # An OOM kill in the kernel log counts for a rank only if logged after the rank's
 # process started (a pid is reused), with this much slack for the clocks' rounding.

@@ -60,16 +60,14 @@ from colossalai_exporter.node.base import CollectorError, FuturePending, Pending
 from colossalai_exporter.node.blocking import BlockingCalls
 from colossalai_exporter.node.exits import ExitJudge
 from colossalai_exporter.node.oom import KernelLog
-from colossalai_exporter.training.families import RankFamilies
-from colossalai_exporter.training.snapshot import (
-    ERROR_REASONS,
-    Snapshot,
-    SnapshotError,
+from colossalai_exporter.rankstate.families import RankFamilies
+from colossalai_exporter.rankstate.files import (
     default_run_dir,
     iter_snapshot_files,
     pid_namespace,
     read_snapshot,
 )
+from colossalai_exporter.rankstate.schema import ERROR_REASONS, Snapshot, SnapshotError
 
 log = logging.getLogger("colossalai_exporter.node")
 

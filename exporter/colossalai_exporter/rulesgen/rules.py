@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from colossalai_exporter.rankstate.schema import PHASES
+from colossalai_exporter.rankstate.schema import WAITING as WAITING_ACTIVITIES
 from colossalai_exporter.rulesgen.config import Duration, RulesConfig
 from colossalai_exporter.rulesgen.model import Alert, Group, Recording, RuleFile
 from colossalai_exporter.rulesgen.promql import (
@@ -162,11 +164,24 @@ def _since_died() -> str:
                       extra=" == 0")
 
 
-WAITING = 'activity=~"collective|backward"'
-NOT_WAITING = 'activity!~"collective|backward"'
-OWN_PHASES = 'phase=~"init|kernels|checkpointing|finished|failed"'
-TRAINING = 'phase="training"'
-FAILED = 'phase="failed"'
+def phase_is(*names: str) -> str:
+    """A matcher for the phases ``names``, which must be the snapshot's (rankstate)."""
+    unknown = sorted(set(names) - set(PHASES))
+    if unknown:
+        raise ValueError(f"not a phase of rankstate.schema.PHASES: {unknown}")
+    return f'phase="{names[0]}"' if len(names) == 1 else f'phase=~"{"|".join(names)}"'
+
+
+WAITING = f'activity=~"{"|".join(WAITING_ACTIVITIES)}"'
+NOT_WAITING = f'activity!~"{"|".join(WAITING_ACTIVITIES)}"'
+# A rank in one of these is busy with something of its own (starting, a checkpoint) or
+# has ended: not waiting for the others, and not stepping.
+OWN_PHASES = phase_is(*(p for p in PHASES if p not in ("training", "evaluating")))
+TRAINING = phase_is("training")
+FAILED = phase_is("failed")
+FINISHED = phase_is("finished")
+ENDED = phase_is("finished", "failed")
+NOT_FINISHED = FINISHED.replace("=", "!=", 1)
 
 
 def _waiting_text() -> str:
@@ -223,7 +238,7 @@ def rank_deaths(t: Selector, n: Selector, window: Duration) -> tuple[Alert, ...]
             unless on (job, instance, rank)
               {n(EXIT, NOT_CAUSE_EXITS)}
             unless ignoring (phase)
-              {n(phase, 'phase="finished"')} == 1
+              {n(phase, FINISHED)} == 1
         """), n),
         "critical", "A training rank's process is gone or has stopped publishing its state.",
         fill("Rank [[$rank]][[of_run]] on [[$instance]] [[how]].[[reach]]",
@@ -285,7 +300,7 @@ def rank_deaths(t: Selector, n: Selector, window: Duration) -> tuple[Alert, ...]
             unless on (run, rank)
 {indent(with_run(n("colossalai_rank_up"), n), 14)}
             unless on (job, instance)
-              last_over_time({t(phase, 'phase="finished"')}[1h])
+              last_over_time({t(phase, FINISHED)}[1h])
         """),
         "critical", "A training rank's process is gone or has stopped publishing its state.",
         fill("Prometheus cannot scrape the rank server [[$instance]] of job [[$job]] (rank "
@@ -594,7 +609,7 @@ def goodput(t: Selector, n: Selector, window: str) -> tuple[Recording, Recording
         """)
 
     per_rank = kept_seconds(window)
-    live = on_any_rank(lambda sel: sel("colossalai_training_phase", 'phase!="finished"'), t, n)
+    live = on_any_rank(lambda sel: sel("colossalai_training_phase", NOT_FINISHED), t, n)
     ratio = expr(f"""
         clamp(
             sum by (run) ({per_rank})
@@ -695,9 +710,9 @@ def training(config: RulesConfig) -> RuleFile:
         Recording(WAIT_SHARE_MEDIAN, f"quantile by (run) (0.5, {WAIT_SHARE})"),
     ))
 
-    def phase_over_budget(name: str, phases: str, summary: str, what: str,
+    def phase_over_budget(name: str, phases: tuple[str, ...], summary: str, what: str,
                           severity: str) -> Alert:
-        matcher = f'phase=~"{phases}"' if "|" in phases else f'phase="{phases}"'
+        matcher = phase_is(*phases)
 
         # From either view: a rank frozen with the GIL held (a checkpoint write into
         # a hung mount inside torch.save) cannot answer its own scrape; its last
@@ -744,7 +759,7 @@ def training(config: RulesConfig) -> RuleFile:
                 )
                 > {timeout}
                 and ignoring (phase)
-                  {t(phase, 'phase="training"')} == 1
+                  {t(phase, TRAINING)} == 1
             """), t),
             "critical", "A training rank has made no step for longer than its step budget.",
             fill("Rank [[$rank]] of job [[$job]] ([[$instance]]) has made no training step "
@@ -760,11 +775,11 @@ def training(config: RulesConfig) -> RuleFile:
             _training_dash()),
         *hang_suspects(t, n, th.node_lost_window),
         phase_over_budget(
-            "TrainingStartupStuck", "init|kernels",
+            "TrainingStartupStuck", ("init", "kernels"),
             "A training rank is stuck in start-up (init or kernel build) beyond its budget.",
             "model set-up or a JIT kernel build that does not finish", "critical"),
         phase_over_budget(
-            "CheckpointStuck", "checkpointing",
+            "CheckpointStuck", ("checkpointing",),
             "A checkpoint save has run longer than its budget.",
             "a checkpoint save that does not finish", "critical"),
         restart_loop(t, n, th.restart_loop_restarts, th.restart_loop_window),
@@ -785,7 +800,7 @@ def training(config: RulesConfig) -> RuleFile:
                 )
                 > {number(th.checkpoint_interval.seconds)}
                 and ignoring (phase)
-                  {t(phase, 'phase="training"')} == 1
+                  {t(phase, TRAINING)} == 1
             """),
             "warning", "No successful checkpoint for longer than the configured interval.",
             fill("Rank [[$rank]] of job [[$job]] ([[$instance]]) has had no successful "
@@ -871,7 +886,7 @@ def training(config: RulesConfig) -> RuleFile:
             with_run(expr(f"""
                 {t("colossalai_kernels_ready")} == 0
                 unless ignoring (phase)
-                  {t(phase, 'phase=~"finished|failed"')} == 1
+                  {t(phase, ENDED)} == 1
             """), t),
             "warning", "A training rank's ColossalAI kernels are not ready.",
             fill("Rank [[$rank]] of job [[$job]] ([[$instance]]) has reported its kernels not "

@@ -30,11 +30,8 @@ import os
 import sys
 from typing import Final
 
-import msgspec
+from colossalai_exporter.rankstate.schema import Activity
 
-ACTIVITIES: Final = ("compute", "backward", "collective", "data", "checkpoint")
-#: activities of a rank that waits for others, when the run is stalled
-WAITING: Final = ("collective", "backward")
 _CATEGORIES: Final = (
     ("/torch/distributed/", "collective"),
     # backward's entry points only: torch/autograd/function.py also runs custom
@@ -48,15 +45,6 @@ _CATEGORIES: Final = (
 _OWN: Final = f"{os.sep}colossalai_exporter{os.sep}training{os.sep}"
 # c10d wraps its API in logging decorators; the collective is the wrapped name.
 _WRAPPERS: Final = frozenset({"wrapper", "_fn", "inner"})
-
-
-class Activity(msgspec.Struct, kw_only=True, frozen=True):
-    """One sample: ``kind`` (one of :data:`ACTIVITIES`), the innermost frame as
-    ``file.py:123 in function``, and for a collective the c10d function's name."""
-
-    kind: str
-    frame: str = ""
-    collective: str = ""
 
 
 def sample(thread_id: int | None) -> Activity | None:

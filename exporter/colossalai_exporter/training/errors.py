@@ -21,8 +21,7 @@ import re
 import threading
 from typing import Final
 
-from colossalai_exporter.training.oom import Device
-from colossalai_exporter.training.snapshot import LastError
+from colossalai_exporter.rankstate.schema import Device, LastError
 
 MESSAGE_LIMIT: Final = 240
 #: where an exception was seen: a step, a checkpoint, a kernel load or build, booster.boost,

@@ -45,7 +45,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import msgspec
+from colossalai_exporter.rankstate.schema import GroupProgress
 
 BUFFER_SIZE_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 # Newest name first: torch 2.6 renamed the NCCL-specific dump to a generic one.
@@ -88,20 +88,6 @@ def dump(run_dir: Path, rank: int, now: float | None = None,
     tmp.write_bytes(data)
     os.replace(tmp, path)
     return path
-
-
-class GroupProgress(msgspec.Struct, frozen=True, kw_only=True):
-    """One process group's collectives on this rank, from the flight recorder."""
-
-    #: the group's name as torch registers it (``new_group``'s counter, the same on every
-    #: member of the group; "0" is the default group): what keys a comparison between ranks
-    pg: str
-    #: the group's global ranks, short (:func:`ranks_label`): what a page shows
-    ranks: str = ""
-    #: sequence number of the last collective this rank enqueued in the group
-    enqueued: int
-    #: its name (``gloo:all_reduce``), when the recorder still holds it
-    op: str = ""
 
 
 def ranks_label(ranks: Sequence[int]) -> str:

@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 import requests
 
 from colossalai_exporter import outbound
-from colossalai_exporter.training.snapshot import HeartbeatState
+from colossalai_exporter.rankstate.schema import HeartbeatState
 from colossalai_exporter.training.state import RankState
 
 log = logging.getLogger("colossalai_exporter.training")

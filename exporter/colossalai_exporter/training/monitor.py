@@ -31,23 +31,17 @@ from types import TracebackType
 from typing import Any, Literal
 
 from colossalai_exporter.errors import ConfigError
+from colossalai_exporter.rankstate import files as snapfiles
+from colossalai_exporter.rankstate.schema import PHASES, WAITING, Device, Interruption, Snapshot
 from colossalai_exporter.training import activity, flight_recorder
 from colossalai_exporter.training import fatal as _fatal_hook
-from colossalai_exporter.training import snapshot as snapfiles
 from colossalai_exporter.training.device_loss import DeviceLossReader
 from colossalai_exporter.training.errors import error_record, space_note
 from colossalai_exporter.training.heartbeat import HeartbeatSender
-from colossalai_exporter.training.oom import Device, classify_oom
+from colossalai_exporter.training.oom import classify_oom
 from colossalai_exporter.training.signals import SignalRecorder
-from colossalai_exporter.training.snapshot import Interruption, Snapshot
 from colossalai_exporter.training.stacks import write_stacks
-from colossalai_exporter.training.state import (
-    PHASES,
-    RECENT_STEPS,
-    STEP_BUCKETS,
-    Budgets,
-    RankState,
-)
+from colossalai_exporter.training.state import RECENT_STEPS, STEP_BUCKETS, Budgets, RankState
 
 log = logging.getLogger("colossalai_exporter.training")
 
@@ -746,7 +740,7 @@ class TrainingMonitor:
             return
         state = self._state
         state.activity_samples += 1
-        if where.kind in activity.WAITING:
+        if where.kind in WAITING:
             state.waiting_samples += 1
         snap.activity_samples = state.activity_samples
         snap.waiting_samples = state.waiting_samples

@@ -21,10 +21,8 @@ from __future__ import annotations
 
 import errno
 import sys
-from typing import Literal
 
-Device = Literal["cuda", "cpu", "nvme"]
-DEVICES: tuple[Device, ...] = ("cuda", "cpu", "nvme")
+from colossalai_exporter.rankstate.schema import Device
 
 _CUDA_TEXTS = ("cuda out of memory", "adjust layout failed! no enough cuda memory",
                "cuda error: out of memory", "cublas_status_alloc_failed")

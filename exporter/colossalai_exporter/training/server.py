@@ -19,9 +19,9 @@ from prometheus_client import CollectorRegistry, ProcessCollector
 from prometheus_client.core import Metric as MetricFamily
 from prometheus_client.registry import Collector
 
-from colossalai_exporter.training.families import families
-from colossalai_exporter.training.snapshot import Snapshot
-from colossalai_exporter.training.state import healthy
+from colossalai_exporter.rankstate.families import families
+from colossalai_exporter.rankstate.schema import Snapshot
+from colossalai_exporter.rankstate.verdict import healthy
 from colossalai_exporter.web import (
     App,
     Request,

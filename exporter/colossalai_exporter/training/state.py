@@ -4,7 +4,7 @@ The hot path (a step finished) only assigns attributes of :class:`RankState`
 and bumps list items: no locks, no system calls, no I/O. Everything else —
 the budget, stall judgement, the JSON snapshot, metric families — is derived
 from it off the hot path, by :meth:`RankState.snapshot`, into a typed
-:class:`~colossalai_exporter.training.snapshot.Snapshot` that is the same
+:class:`~colossalai_exporter.rankstate.schema.Snapshot` that is the same
 in-process (rank-0 ``/metrics``) and on disk (the node agent's ``ranks``
 collector), so both serve the same series.
 
@@ -21,8 +21,8 @@ from typing import Final
 
 import msgspec
 
-from colossalai_exporter.training.oom import DEVICES
-from colossalai_exporter.training.snapshot import (
+from colossalai_exporter.rankstate.schema import (
+    DEVICES,
     CheckpointState,
     GeminiState,
     HeartbeatState,
@@ -30,14 +30,7 @@ from colossalai_exporter.training.snapshot import (
     LastError,
     Snapshot,
 )
-
-PHASES: Final = ("init", "kernels", "training", "checkpointing", "evaluating", "finished",
-                 "failed")
-ACTIVE_PHASES: Final = frozenset({"init", "kernels", "training", "checkpointing", "evaluating"})
-# The tutorial's /health contract: 200 in these phases (when not stalled and kernels are
-# ready). "evaluating" is ours: the tutorial had no evaluation phase, and a periodic
-# evaluation is part of a healthy run, not an outage for an uptime monitor to page on.
-HEALTHY_PHASES: Final = frozenset({"training", "checkpointing", "evaluating"})
+from colossalai_exporter.rankstate.verdict import judge
 
 # Step duration buckets, seconds: from 5 ms (small models, CPU tests) through typical
 # GPU steps (0.1-10 s) to pipeline-parallel steps of minutes, ending at 600 s, the
@@ -45,7 +38,6 @@ HEALTHY_PHASES: Final = frozenset({"training", "checkpointing", "evaluating"})
 STEP_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
                        60.0, 120.0, 300.0, 600.0)
 RECENT_STEPS: Final = 128  # window the learned budget looks at (a power of two: cheap index)
-HEARTBEAT_RESULTS: Final = ("success", "failure", "dropped")
 
 
 @dataclass(frozen=True)
@@ -207,30 +199,3 @@ class RankState:
         return snap
 
 
-def judge(snap: Snapshot, now: float) -> tuple[bool, str]:
-    """(stalled, reason) for a snapshot at wall-clock time ``now``.
-
-    A pure function of the snapshot so that the node agent, reading a snapshot a
-    frozen rank wrote minutes ago, reaches the verdict the rank itself cannot.
-    """
-    phase = snap.phase
-    if phase == "failed":
-        return False, f"run failed: {snap.error or 'unknown error'}"
-    if phase == "finished":
-        return False, "run finished"
-    idle = now - snap.progress
-    timeout = snap.timeout
-    if idle > timeout:
-        what = "no step completed" if phase == "training" else f"phase {phase} unchanged"
-        return True, (f"stalled in phase {phase}: {what} for {idle:.1f}s "
-                      f"(budget {timeout:.1f}s)")
-    if phase not in HEALTHY_PHASES:
-        return False, f"phase is {phase}"
-    if not snap.kernels_ready:
-        return False, "kernels not ready"
-    return False, ""
-
-
-def healthy(snap: Snapshot) -> bool:
-    """The tutorial's rule: a healthy phase, not stalled, kernels ready."""
-    return snap.phase in HEALTHY_PHASES and not snap.stalled and snap.kernels_ready

@@ -1,26 +1,16 @@
-"""Rank snapshots on disk: one small JSON file per rank in the run directory.
+"""The rank snapshot: what a training rank publishes and the node agent reads.
 
-Written atomically (a temporary file in the same directory, then ``os.replace``)
-so a reader never sees half a file; read by the node agent, which never
-imports torch. The default directory is under ``/dev/shm`` (memory-backed: a
-write costs no disk I/O and survives nothing but the node's uptime, which is
-what live state needs); ``COLOSSALAI_EXPORTER_RUN_DIR`` or the monitor's
-``run_dir`` argument changes it.
+This package is the contract between the two sides. ``training/`` writes it (the
+monitor's publisher), ``node/`` reads it (the ``ranks`` collector), and both serve
+it through :mod:`.families`; the rules generator and the dashboards take the phase
+names from here. It imports neither side, nor torch.
 """
 
 from __future__ import annotations
 
-import os
-import re
-import threading
-from collections.abc import Iterator
-from pathlib import Path
-from typing import Final, Literal
+from typing import Final, Literal, get_args
 
 import msgspec
-
-from colossalai_exporter.training.activity import Activity
-from colossalai_exporter.training.flight_recorder import GroupProgress
 
 # The snapshot's format version. A reader takes every version up to its own (fields
 # added since have defaults) and refuses a newer one: a training image newer than
@@ -29,8 +19,49 @@ from colossalai_exporter.training.flight_recorder import GroupProgress
 SNAPSHOT_VERSION: Final = 2
 Phase = Literal["init", "kernels", "training", "checkpointing", "evaluating", "finished",
                 "failed"]
+#: every phase, in the order a run goes through them (rules and dashboards take them from here)
+PHASES: Final[tuple[Phase, ...]] = get_args(Phase)
 #: why a snapshot file could not be used (colossalai_rank_snapshot_errors_total{reason})
 ERROR_REASONS: Final = ("malformed", "invalid", "version", "unreadable")
+
+
+ACTIVE_PHASES: Final = frozenset({"init", "kernels", "training", "checkpointing", "evaluating"})
+# The tutorial's /health contract: 200 in these phases (when not stalled and kernels are
+# ready). "evaluating" is ours: the tutorial had no evaluation phase, and a periodic
+# evaluation is part of a healthy run, not an outage for an uptime monitor to page on.
+HEALTHY_PHASES: Final = frozenset({"training", "checkpointing", "evaluating"})
+HEARTBEAT_RESULTS: Final = ("success", "failure", "dropped")
+
+Device = Literal["cuda", "cpu", "nvme"]
+DEVICES: tuple[Device, ...] = ("cuda", "cpu", "nvme")
+
+ACTIVITIES: Final = ("compute", "backward", "collective", "data", "checkpoint")
+#: activities of a rank that waits for others, when the run is stalled
+WAITING: Final = ("collective", "backward")
+
+
+class Activity(msgspec.Struct, kw_only=True, frozen=True):
+    """One sample: ``kind`` (one of :data:`ACTIVITIES`), the innermost frame as
+    ``file.py:123 in function``, and for a collective the c10d function's name."""
+
+    kind: str
+    frame: str = ""
+    collective: str = ""
+
+
+class GroupProgress(msgspec.Struct, frozen=True, kw_only=True):
+    """One process group's collectives on this rank, from the flight recorder."""
+
+    #: the group's name as torch registers it (``new_group``'s counter, the same on every
+    #: member of the group; "0" is the default group): what keys a comparison between ranks
+    pg: str
+    #: the group's global ranks, short (training/flight_recorder.py, ranks_label): what a
+    #: page shows
+    ranks: str = ""
+    #: sequence number of the last collective this rank enqueued in the group
+    enqueued: int
+    #: its name (``gloo:all_reduce``), when the recorder still holds it
+    op: str = ""
 
 
 class CheckpointState(msgspec.Struct, kw_only=True):
@@ -85,7 +116,7 @@ class Snapshot(msgspec.Struct, kw_only=True):
     The same object serves rank 0's ``/metrics`` and ``/health`` in process and,
     written to ``<run dir>/rank-<R>.json``, the agent's view of the rank.
     ``stalled`` and ``reason`` are the writer's verdict; a reader judges again
-    (``state.judge``), since a frozen rank cannot.
+    (``rankstate.verdict.judge``), since a frozen rank cannot.
     """
 
     version: int = SNAPSHOT_VERSION
@@ -187,85 +218,3 @@ def decode(data: bytes, source: str = "snapshot") -> Snapshot:
         raise SnapshotError("invalid", f"{source}: {exc}") from None
     except msgspec.DecodeError as exc:
         raise SnapshotError("malformed", f"{source}: {exc}") from None
-
-
-DEFAULT_RUN_DIR = "/dev/shm/colossalai-exporter"
-_MAX_SNAPSHOT_BYTES = 1 << 20
-RUN_DIR_ENV = "COLOSSALAI_EXPORTER_RUN_DIR"
-SNAPSHOT_RE = re.compile(r"^rank-(\d+)\.json$")
-
-
-def default_run_dir() -> Path:
-    return Path(os.environ.get(RUN_DIR_ENV) or DEFAULT_RUN_DIR)
-
-
-def pid_namespace() -> int | None:
-    """This process's PID namespace (the inode of /proc/self/ns/pid), None where unknown.
-
-    A rank writes it into its snapshot so that the node agent can tell whether
-    the pid beside it means anything where the agent runs: a training pod
-    without ``hostPID`` has pids of its own, which the agent must not judge.
-    """
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return None
-
-
-def snapshot_path(run_dir: Path, rank: int) -> Path:
-    return run_dir / f"rank-{rank}.json"
-
-
-def prepare_run_dir(run_dir: Path) -> None:
-    """Create the run directory and check it is writable (OSError otherwise)."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    probe = run_dir / f".write-test-{os.getpid()}"
-    probe.write_bytes(b"")
-    probe.unlink()
-
-
-def write_snapshot(run_dir: Path, snap: Snapshot) -> Path:
-    """Atomically replace the rank's snapshot file; returns its path."""
-    path = snapshot_path(run_dir, snap.rank)
-    # One temporary file per thread: a signal handler may publish in the main thread
-    # while that thread is in the middle of writing (training/signals.py).
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    with open(tmp, "wb") as f:
-        f.write(encode(snap))
-    os.replace(tmp, path)
-    return path
-
-
-def iter_snapshot_files(run_dir: Path) -> Iterator[tuple[int, Path]]:
-    """(rank, path) for every snapshot file in ``run_dir``, by rank."""
-    try:
-        names = sorted(os.listdir(run_dir))
-    except FileNotFoundError:
-        return
-    found = []
-    for name in names:
-        match = SNAPSHOT_RE.match(name)
-        if match:
-            found.append((int(match.group(1)), run_dir / name))
-    yield from sorted(found)
-
-
-def read_snapshot(path: Path) -> Snapshot:
-    """Read and validate one snapshot file; OSError when unreadable, SnapshotError when
-    it is not a snapshot this version can use."""
-    with open(path, "rb") as f:
-        # Sized by the file (a few KiB), capped at 1 MiB for a bogus file: a read of a
-        # fixed 1 MiB allocates that much each time, a third of the agent's read.
-        data = f.read(min(os.fstat(f.fileno()).st_size, _MAX_SNAPSHOT_BYTES) + 1)
-    return decode(data, str(path))
-
-
-def read_all_snapshots(run_dir: Path) -> list[Snapshot]:
-    """Every usable snapshot in ``run_dir``, by rank; one being replaced is skipped."""
-    snaps = []
-    for _, path in iter_snapshot_files(run_dir):
-        try:
-            snaps.append(read_snapshot(path))
-        except (OSError, SnapshotError):
-            continue  # replaced or removed while reading: the next look gets it
-    return snaps

@@ -18,9 +18,8 @@ from prometheus_client.core import (
 from prometheus_client.core import Metric as MetricFamily
 
 from colossalai_exporter import catalogue
-from colossalai_exporter.training.oom import DEVICES
-from colossalai_exporter.training.snapshot import Snapshot
-from colossalai_exporter.training.state import HEARTBEAT_RESULTS, judge
+from colossalai_exporter.rankstate.schema import DEVICES, HEARTBEAT_RESULTS, Snapshot
+from colossalai_exporter.rankstate.verdict import judge
 
 INFO_LABELS = ("colossalai_version", "torch_version", "plugin", "placement_policy",
                "tp_size", "pp_size", "dp_size", "world_size", "run")
