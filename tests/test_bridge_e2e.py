@@ -34,7 +34,6 @@ from conftest import (
     wait_until,
 )
 from fake_vigilmon import FakeVigilmon, fake_vigilmon
-from test_web import pki  # noqa: F401 - the fixture: a CA, a server and a client certificate
 
 TOKEN = "test-token-123"
 AUTH = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
@@ -618,7 +617,7 @@ def test_target_down_then_back_gets_everything_in_arrival_order_and_heartbeat_tt
 
 def test_tls_and_client_certificates_through_the_web_config(
         server_process: Start, tmp_path: Path, vigilmon: FakeVigilmon,
-        pki: Path) -> None:  # noqa: F811 - pytest passes test_web's fixture
+        pki: Path) -> None:
     web = tmp_path / "web.yml"
     web.write_text(f"tls_server_config:\n  cert_file: {pki}/server.crt\n"
                    f"  key_file: {pki}/server.key\n"

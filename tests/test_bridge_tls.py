@@ -15,16 +15,15 @@ import yaml
 from bridge_payloads import alert, body
 from colossalai_exporter.bridge.config import Endpoint, TLSSettings, validate
 from colossalai_exporter.bridge.sender import new_session, send
-from conftest import run_cli, wait_until
+from conftest import openssl, run_cli, wait_until
 from fake_vigilmon import FakeVigilmon, fake_vigilmon
 from test_bridge_e2e import Start, metric, post, server_process, write_config  # noqa: F401
-from test_web import openssl, pki  # noqa: F401 - the fixture: a CA, a server and a client cert
 
 NAMED_HOST = "vigilmon.internal"
 
 
 @pytest.fixture(scope="module")
-def named_cert(pki: Path) -> Path:  # noqa: F811 - pytest passes test_web's fixture
+def named_cert(pki: Path) -> Path:
     """A server certificate for vigilmon.internal only (not 127.0.0.1), from the same CA."""
     openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", f"/CN={NAMED_HOST}",
             "-keyout", "named.key", "-out", "named.csr", cwd=pki)
@@ -48,7 +47,7 @@ def server_context(certs: Path, name: str = "server", *, require_client_cert: bo
 
 
 @pytest.fixture
-def private_ca(pki: Path) -> Iterator[FakeVigilmon]:  # noqa: F811
+def private_ca(pki: Path) -> Iterator[FakeVigilmon]:
     """HTTPS with a certificate from the test CA, no client certificate asked for. TLS 1.2
     at most, so that a target asking for min_version TLS13 is refused."""
     with fake_vigilmon(server_context(pki, max_version=ssl.TLSVersion.TLSv1_2)) as fake:
@@ -56,7 +55,7 @@ def private_ca(pki: Path) -> Iterator[FakeVigilmon]:  # noqa: F811
 
 
 @pytest.fixture
-def mutual(pki: Path) -> Iterator[FakeVigilmon]:  # noqa: F811
+def mutual(pki: Path) -> Iterator[FakeVigilmon]:
     """HTTPS that refuses clients without a certificate from the test CA."""
     with fake_vigilmon(server_context(pki, require_client_cert=True)) as fake:
         yield fake
@@ -181,7 +180,7 @@ def test_server_name_min_version_insecure_and_the_fail_url_inherits(
 
 
 def test_check_reports_each_tls_problem_on_its_own_line(tmp_path: Path,
-                                                         pki: Path) -> None:  # noqa: F811
+                                                         pki: Path) -> None:
     (tmp_path / "garbage.pem").write_text("not a certificate\n")
     url = "https://hooks.example/secret-token"
     client, key = str(pki / "client.crt"), str(pki / "client.key")
@@ -234,7 +233,7 @@ def test_check_reports_each_tls_problem_on_its_own_line(tmp_path: Path,
 
 
 def test_check_warns_about_insecure_skip_verify_and_paths_are_relative_to_the_config(
-        tmp_path: Path, pki: Path) -> None:  # noqa: F811
+        tmp_path: Path, pki: Path) -> None:
     (tmp_path / "ca.crt").write_bytes((pki / "ca.crt").read_bytes())
     config = tmp_path / "bridge.yml"
     data = {"state_dir": "state", "targets": [
