@@ -193,6 +193,20 @@ def test_alertmanager_config_sends_everything_to_the_bridge(tmp_path: Path) -> N
     assert "bridge-token" in _services()["alertmanager"]["secrets"]
 
 
+def test_alertmanager_config_is_the_shipped_one_without_slack() -> None:
+    """Routing, timings and inhibitions as deploy/alertmanager/alertmanager.yml: the
+    compose copy had drifted (no cause inhibitions, the old Watchdog cadence)."""
+    shipped = load_yaml(REPO / "deploy" / "alertmanager" / "alertmanager.yml")
+    shipped.pop("templates")
+    shipped["route"]["routes"] = [route for route in shipped["route"]["routes"]
+                                  if not route.get("receiver", "").startswith("slack-")]
+    shipped["receivers"] = [r for r in shipped["receivers"] if not r["name"].startswith("slack-")]
+    for receiver in shipped["receivers"]:
+        for hook in receiver["webhook_configs"]:
+            hook["http_config"]["authorization"]["credentials_file"] = "/run/secrets/bridge-token"
+    assert load_yaml(REPO / "deploy" / "compose" / "alertmanager.yml") == shipped
+
+
 def test_bridge_config_is_valid_with_the_stacks_environment(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     root = _container_fs("colossalai-bridge", tmp_path)

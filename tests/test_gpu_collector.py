@@ -162,7 +162,7 @@ def test_eight_gpus_stay_within_the_series_budget_and_lint_clean(scenario: Scena
     text = exposition(collector.collect(time.monotonic() + 2))
     lines = series(text)
     assert len(lines) <= 120, len(lines)
-    assert len(lines) == 2 + 8 * 12  # devices, expected; 12 per GPU with ECC and Xid
+    assert len(lines) == 2 + 8 * 13  # devices, expected; 13 a GPU with ECC and one Xid code
     served = {line.split("{")[0].split(" ")[0] for line in lines}
     assert served <= catalogue.known_sample_names()
     promtool = require_binary("promtool")
@@ -459,6 +459,62 @@ def test_critical_xid_events_are_counted_with_the_last_code(scenario: Scenario,
     # Each event counts once: a quiet scrape leaves the counter where it was.
     assert collect(collector).get_sample_value("colossalai_gpu_xid_errors_total",
                                                {"gpu": "1"}) == 2
+
+
+def test_xid_events_are_classified_by_the_catalog_and_outlive_a_lost_gpu(
+        scenario: Scenario, make: Make) -> None:
+    """Each code counted with its tier, action and meaning (node/gpu/xid_catalog.yml);
+    a code the catalog lacks is "unknown", to look up. After Xid 79 the GPU is lost and
+    every sample fails: the events are still served, so the page does not resolve."""
+    scenario.write(gpus=[gpu(0), gpu(1)])
+    collector = make()
+    reg = collect(collector)
+    assert reg.get_sample_value("colossalai_gpu_xid_events_total",
+                                {"gpu": "0", "xid": "13", "tier": "application",
+                                 "action": "restart_job",
+                                 "what": "graphics engine exception (often an illegal "
+                                         "memory access in the job)"}) is None
+    scenario.update(xid=[{"id": 1, "gpu": 0, "code": 13}, {"id": 2, "gpu": 0, "code": 13},
+                         {"id": 3, "gpu": 1, "code": 999}])
+    reg = collect(collector)
+    assert reg.get_sample_value("colossalai_gpu_xid_events_total",
+                                {"gpu": "0", "xid": "13", "tier": "application",
+                                 "action": "restart_job",
+                                 "what": "graphics engine exception (often an illegal "
+                                         "memory access in the job)"}) == 2
+    assert reg.get_sample_value("colossalai_gpu_xid_events_total",
+                                {"gpu": "1", "xid": "999", "tier": "unknown",
+                                 "action": "look_up",
+                                 "what": "not in this agent's Xid catalog"}) == 1
+
+    scenario.update(gpus=[gpu(0), gpu(1, lost=True)],
+                    xid=[{"id": 1, "gpu": 0, "code": 13}, {"id": 2, "gpu": 0, "code": 13},
+                         {"id": 3, "gpu": 1, "code": 999}, {"id": 4, "gpu": 1, "code": 79}])
+    error = failure(collector)
+    assert error.reason == "gpu_lost"
+    served = registry_of(error.families)
+    assert served.get_sample_value("colossalai_gpu_xid_events_total",
+                                   {"gpu": "1", "xid": "79", "tier": "critical",
+                                    "action": "drain_reboot",
+                                    "what": "GPU has fallen off the bus"}) == 1
+    assert served.get_sample_value("colossalai_gpu_xid_events_total",
+                                   {"gpu": "0", "xid": "13", "tier": "application",
+                                    "action": "restart_job",
+                                    "what": "graphics engine exception (often an illegal "
+                                            "memory access in the job)"}) == 2
+
+
+def test_the_xid_catalog_is_complete_and_consistent() -> None:
+    from colossalai_exporter.node.gpu import xid
+
+    table = xid.catalog()
+    # The codes the research names (health-signals-2026-12.md, 1.2), each with its tier.
+    critical = {48, 62, 64, 74, 79, 95, 119, 120, 136, 140, 143, *range(144, 151), 155, 156,
+                158, 167}
+    assert {code for code, c in table.items() if c.tier == "critical"} == critical
+    assert {code for code, c in table.items() if c.tier == "application"} == {13, 31, 43, 45}
+    assert {code for code, c in table.items() if c.tier == "warning"} == {63, 92, 94, 109, 154}
+    assert all(c.action in xid.ACTIONS and c.what for c in table.values())
 
 
 def test_xid_counts_survive_a_replaced_worker(scenario: Scenario, make: Make) -> None:

@@ -112,6 +112,12 @@ NODE: tuple[Metric, ...] = (
     _m("colossalai_gpu_xid_errors_total", "counter",
        "Critical Xid events (NVML XidCriticalError) seen by this agent since it started; "
        "absent for GPUs that cannot report them.", ("gpu",)),
+    _m("colossalai_gpu_xid_events_total", "counter",
+       "Xid events seen by this agent since it started, by code, with what the code means "
+       "and what to do (node/gpu/xid_catalog.yml): tier critical|warning|application|"
+       "unknown, action drain_reboot|drain_reset_gpu|drain_check_memory|drain_check_nvlink|"
+       "replace_gpu|reset_when_drained|read_recovery_action|restart_job|none|look_up.",
+       ("gpu", "xid", "tier", "action", "what")),
     _m("colossalai_gpu_last_xid", "gauge",
        "Code of the last critical Xid event seen on the GPU (48, 79 … are usually fatal); "
        "absent until one is seen.", ("gpu",)),

@@ -32,6 +32,7 @@ from colossalai_exporter.rankstate.files import read_snapshot, snapshot_path
 from colossalai_exporter.rankstate.schema import Snapshot
 from conftest import ServerProcess, cli_env, free_port, stop_process, wait_until
 from fake_vigilmon import FakeVigilmon, Recorded
+from gpu_helpers import Scenario, fake_nvml_env, gpu
 from prometheus_helpers import (
     Prometheus,
     render_rules,
@@ -169,6 +170,8 @@ class Stack:
     ranks: int = 2  # in all
     prometheus_config: Path | None = None
     notes: list[str] = field(default_factory=list)
+    #: the fake NVML every agent reads, when the case gives the node GPUs
+    gpus: Scenario | None = None
 
     @property
     def job(self) -> Job:
@@ -226,7 +229,10 @@ class Stack:
         """Stop a node's agent and start it again on the same port (an upgrade, a crash)."""
         old = self.agents[node]
         old.close()
-        self.agents[node] = start_agent(old.args, old.port)
+        self.agents[node] = start_agent(old.args, old.port, self.agent_env())
+
+    def agent_env(self) -> dict[str, str] | None:
+        return fake_nvml_env(self.gpus.path, cli_env()) if self.gpus is not None else None
 
     def restart_prometheus(self) -> None:
         """Stop Prometheus and start it again on the same port and data (an upgrade)."""
@@ -236,8 +242,8 @@ class Stack:
         self.prometheus = run_prometheus(self.prometheus_config, self.tmp, port)
 
 
-def start_agent(args: list[str], port: int) -> ServerProcess:
-    agent = ServerProcess(args, port)
+def start_agent(args: list[str], port: int, env: dict[str, str] | None = None) -> ServerProcess:
+    agent = ServerProcess(args, port, env)
     agent.wait_ready("/metrics")
     return agent
 
@@ -253,7 +259,8 @@ def running_stack(tmp: Path, receiver: FakeVigilmon, fault: str, rank: int,
                   checkpoint_dir: Path, checkpoint_every: int = 50,
                   ranks: int = 2, restarts: int = 0,
                   shipped_for: tuple[str, ...] = (), topology: str = "booster",
-                  nodes: int = 1, agent_defaults: bool = False) -> Iterator[Stack]:
+                  nodes: int = 1, agent_defaults: bool = False,
+                  gpus: int = 0) -> Iterator[Stack]:
     """Receiver, Alertmanager, agents and Prometheus first, then the job: Prometheus sees
     the job from its first second, as it would a job started under a running stack.
 
@@ -263,7 +270,9 @@ def running_stack(tmp: Path, receiver: FakeVigilmon, fault: str, rank: int,
     the short one (a crash loop's ranks are down between restarts for less than
     TrainingRankDown's shipped minute). ``agent_defaults``: the agent as a user starts it
     on a node (its GPU collector on, the default watched paths), told only where the
-    ranks and the rendezvous are."""
+    ranks and the rendezvous are. ``gpus``: every agent reads that many GPUs from a fake
+    NVML (tests/fake_nvml); ``Stack.gpus`` is its scenario, which a case rewrites to make
+    a GPU fail."""
     override = yaml.safe_load(RULES_OVERRIDE)
     for name in shipped_for:
         del override["for"][name]
@@ -273,22 +282,27 @@ def running_stack(tmp: Path, receiver: FakeVigilmon, fault: str, rank: int,
         alertmanager = stop.enter_context(running_alertmanager(
             alertmanager_config(tmp, receiver.url), tmp))
         agents: list[ServerProcess] = []
+        scenario = Scenario(tmp / "nvml.json").write(gpus=[gpu(i) for i in range(gpus)]) \
+            if gpus else None
+        env = fake_nvml_env(scenario.path, cli_env()) if scenario is not None else None
         for node in range(nodes):
             suffix = f"-node{node}" if nodes > 1 else ""
             args = ["node", "--web.listen-address", "", "--ranks.run-dir",
                     str(tmp / f"run{suffix}"),
                     "--rendezvous.target", f"127.0.0.1:{master_port}"]
             if not agent_defaults:
-                args += ["--disk", f"checkpoints={checkpoint_dir}", "--no-collector.gpu"]
+                args += ["--disk", f"checkpoints={checkpoint_dir}"]
+                args += ["--gpu.expected", str(gpus)] if gpus else ["--no-collector.gpu"]
             port = free_port()
             args[2] = f"127.0.0.1:{port}"
-            agents.append(start_agent(args, port))
+            agents.append(start_agent(args, port, env))
             stop.callback(lambda node=node: agents[node].close())
         config = prometheus_config(tmp, rules, alertmanager.removeprefix("http://"),
                                    f"127.0.0.1:{rank0_port}",
                                    [f"127.0.0.1:{a.port}" for a in agents])
         stack = Stack(tmp, run_prometheus(config, tmp, free_port()), alertmanager, receiver,
-                      [], agents, f"http://127.0.0.1:{rank0_port}", ranks * nodes, config)
+                      [], agents, f"http://127.0.0.1:{rank0_port}", ranks * nodes, config,
+                      gpus=scenario)
         stop.callback(lambda: stop_process(stack.prometheus.proc, timeout=15))
         for node in range(nodes):
             job = start_job(tmp, fault, rank, checkpoint_dir, master_port, rank0_port,

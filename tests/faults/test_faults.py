@@ -41,6 +41,7 @@ from fault_stack import (
     wait_for_snapshot,
     wait_healthy,
 )
+from gpu_helpers import gpu
 
 pytestmark = pytest.mark.slow
 
@@ -67,6 +68,7 @@ class Case:
     deadline: float = PAGE_DEADLINE  # seconds from the fault to its page, at most
     topology: str = "booster"  # train.py's TOPOLOGY
     nodes: int = 1  # launchers and node agents (``ranks`` each)
+    gpus: int = 0  # GPUs each node agent reads from a fake NVML
 
 
 CASES = [
@@ -112,6 +114,12 @@ CASES = [
          "256 MiB memory cgroup, allocating)", "oom_kill", 1, ("TrainingRankOOMKilled",),
          {"rank": "1"}, ("was killed by the kernel's OOM killer (memory cgroup "
                          "/colossalai-faults-", "from the kernel log)")),
+    Case("gpu-xid-79", "rank 1's GPU falls off the bus (Xid 79, fake NVML: the event, then "
+         "the GPU lost) and rank 1 dies with it (SIGKILL)", "gpu_lost", 1, ("GPUXidCritical",),
+         {"gpu": "1", "xid": "79", "instance": "<node 0's agent>"},
+         ("GPU 1 on 127.0.0.1:", "Xid 79, GPU has fallen off the bus — drain the node and "
+          "reboot it", "Ranks of this run on the node: 0 1."),
+         muted=("TrainingRankDown",), gpus=2),
     Case("own-error", "rank 1 raises an error of its own and exits 1 while rank 0 waits in "
          "backward's all-reduce", "own_error", 1, ("TrainingRankDown",),
          {"rank": "1", "cause": "process"},
@@ -230,6 +238,15 @@ def inject(stack: Stack, case: Case, cgroup: Path | None) -> float:
         stack.agents[node].proc.kill()
         stack.jobs[node].stop()
         return at
+    if case.fault == "gpu_lost":
+        # What NVML shows when a GPU falls off the bus: an Xid 79 event, then the GPU
+        # answers GPU_IS_LOST. The rank on it dies (a CUDA error, or the driver's reset).
+        assert stack.gpus is not None
+        at = now()
+        stack.gpus.update(gpus=[gpu(0), gpu(1, lost=True)],
+                          xid=[{"id": 1, "gpu": 1, "code": 79}])
+        os.kill(stack.job_of(case.rank).pid(case.rank), signal.SIGKILL)
+        return at
     if case.fault == "finish":
         # Every rank ends at the same step, as a real loop's end makes them.
         furthest = max(stack.job_of(r).snapshot(r).steps for r in ranks)
@@ -285,7 +302,7 @@ def test_the_failure_pages_with_its_cause_and_nothing_else(
                           checkpoint_every=10**9 if case.target != "dir" else 50,
                           ranks=case.ranks, restarts=case.restarts,
                           shipped_for=case.shipped_for, topology=case.topology,
-                          nodes=case.nodes) as stack:
+                          nodes=case.nodes, gpus=case.gpus) as stack:
         if case.trigger == "start":
             wait_for_snapshot(stack, max(case.rank, 0))
             # a crash loop fails first right after its first start
@@ -386,8 +403,9 @@ def watch_quietly(stack: Stack, seconds: float) -> None:
 def culprit_labels(stack: Stack, case: Case) -> dict[str, str]:
     """The labels that name where the incident began (placeholders filled in)."""
     labels = dict(case.labels)
-    if labels.get("instance") == "<node 1's agent>":
-        labels["instance"] = f"127.0.0.1:{stack.agents[1].port}"
+    for node, agent in enumerate(stack.agents):
+        if labels.get("instance") == f"<node {node}'s agent>":
+            labels["instance"] = f"127.0.0.1:{agent.port}"
     return labels
 
 

@@ -105,6 +105,9 @@ class Thresholds(Section, frozen=True):
     bridge_no_success_after: Duration
     bridge_dead_letter_window: Duration
     bridge_oldest_pending_age: Duration
+    gpu_xid_window: Duration
+    gpu_xid_recurring_count: int
+    gpu_xid_recurring_window: Duration
 
 
 class Kubernetes(Section, frozen=True):

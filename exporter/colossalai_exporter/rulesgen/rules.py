@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 from colossalai_exporter.rankstate.schema import PHASES
 from colossalai_exporter.rankstate.schema import WAITING as WAITING_ACTIVITIES
-from colossalai_exporter.rulesgen.config import Duration, RulesConfig
+from colossalai_exporter.rulesgen.config import Duration, RulesConfig, Thresholds
 from colossalai_exporter.rulesgen.model import Alert, Group, Recording, RuleFile
 from colossalai_exporter.rulesgen.promql import (
     Selector,
@@ -38,7 +38,8 @@ INFO = "colossalai_training_info"
 # rank-down it explains, and itself follows from a named cause (a checkpoint stuck in
 # torch.save leaves that rank outside any collective while the others wait).
 SPECIFIC_CAUSE_ALERTS = ("GeminiOutOfMemory", "KernelBuildFailed", "CheckpointFailing",
-                         "CheckpointStuck", "TrainingRankOOMKilled", "TrainingNodeLost")
+                         "CheckpointStuck", "TrainingRankOOMKilled", "TrainingNodeLost",
+                         "GPUXidCritical")
 # Causes named from the outside (who a hang waits for; a run that keeps restarting): they
 # explain the stalls and rank-downs that follow, and a specific cause explains them.
 GENERAL_CAUSE_ALERTS = ("TrainingHangSuspect", "TrainingRestartLoop")
@@ -931,6 +932,76 @@ def training(config: RulesConfig) -> RuleFile:
     return RuleFile("colossalai-training", (recording, *goodput_groups, alerts))
 
 
+XID_EVENTS = "colossalai_gpu_xid_events_total"
+# What the page tells on-call to do, per action of node/gpu/xid_catalog.yml.
+XID_ACTIONS = {
+    "drain_reboot": "drain the node and reboot it; the GPU is gone until then",
+    "drain_reset_gpu": "drain the node and reset the GPU (nvidia-smi -r), or reboot it",
+    "drain_check_memory": "drain the node and reset the GPU; replace the GPU if it happens "
+                          "again",
+    "drain_check_nvlink": "drain the node, read the NVLink errors (nvidia-smi nvlink -e) and "
+                          "reset the GPU",
+    "replace_gpu": "drain the node and replace the GPU",
+    "reset_when_drained": "no action now; reset the GPU at the node's next drain",
+    "read_recovery_action": "read the GPU's recovery action (nvidia-smi -q | grep -i "
+                            "recovery) and do what it says",
+    "restart_job": "restart the job; the node needs nothing",
+    "none": "no action",
+}
+
+
+def xid_action_words() -> str:
+    """The alert's ``action`` label in words (a Go template chain)."""
+    chain = "".join(f'{{{{ {"if" if i == 0 else "else if"} eq $labels.action "{key}" }}}}'
+                    f"{words}" for i, (key, words) in enumerate(XID_ACTIONS.items()))
+    return chain + "{{ else }}look the code up in NVIDIA's Xid catalog{{ end }}"
+
+
+def xid_ranks() -> str:
+    """" Ranks of this run on the node: 0 1 2 3." for an alert with a ``run`` label."""
+    promql = "colossalai_training_info{job=%q,instance=%q,run=%q}".replace('"', '\\"')
+    return ('{{ with $labels.run }}{{ with printf "' + promql + '" $labels.job '
+            '$labels.instance . | query | sortByLabel "rank" }} Ranks of this run on the '
+            "node:{{ range . }} {{ .Labels.rank }}{{ end }}.{{ end }}{{ end }}")
+
+
+def gpu_xids(n: Selector, th: Thresholds) -> tuple[Alert, ...]:
+    """Xid events by the catalog's tier: critical pages, naming the GPU, what the code
+    means, what to do and the ranks of the run on that node (it mutes their deaths,
+    stalls and hangs, alertmanager.yml); warning tells; application-class codes only
+    when they keep coming back on one GPU."""
+    node_labels = ("job", "instance")
+    critical = with_run(recent_events(n(XID_EVENTS, 'tier="critical"'), th.gpu_xid_window),
+                        n, node_labels)
+    recurring = n(XID_EVENTS, 'tier="application"')
+    count, window = th.gpu_xid_recurring_count, th.gpu_xid_recurring_window
+    return (
+        Alert(
+            "GPUXidCritical", critical, "critical",
+            "A GPU reported an Xid error that needs the node drained.",
+            fill("GPU [[$gpu]] on [[$instance]]: Xid [[$xid]], [[$what]] — [[action]]."
+                 "[[ranks]]", action=xid_action_words(), ranks=xid_ranks()),
+            _nodes_dash()),
+        Alert(
+            "GPUXidWarning",
+            recent_events(n(XID_EVENTS, 'tier=~"warning|unknown"'), th.gpu_xid_window),
+            "warning", "A GPU reported an Xid error to act on at the next drain.",
+            fill("GPU [[$gpu]] on [[$instance]]: Xid [[$xid]], [[$what]] — [[action]].",
+                 action=xid_action_words()),
+            _nodes_dash()),
+        Alert(
+            "GPUXidRecurring",
+            f"increase({recurring}[{window}]) >= {count}\nor\n"
+            f"({recurring} >= {count} unless {recurring} offset {window})",
+            "warning", "An application-class Xid keeps coming back on one GPU.",
+            fill("GPU [[$gpu]] on [[$instance]]: Xid [[$xid]] ([[$what]]) {{ $value | "
+                 'printf "%.0f" }} times in [[window]]. One job\'s bug raises it anywhere; '
+                 "on one GPU again and again it points at the GPU: drain the node and run "
+                 "the GPU's diagnostics (dcgmi diag -r 3).", window=window),
+            _nodes_dash()),
+    )
+
+
 def node(config: RulesConfig) -> RuleFile:
     n = Selector(config.selectors.node)
     th = config.thresholds
@@ -1040,6 +1111,7 @@ def node(config: RulesConfig) -> RuleFile:
                               ("job", "instance", "collector"), 'label "reason"'),
                  **{"for": config.for_["GPUCollectorDown"]}),
             _nodes_dash()),
+        *gpu_xids(n, th),
     ))
     return RuleFile("colossalai-node", (recording, alerts))
 
@@ -1179,7 +1251,8 @@ ALERT_NAMES = (
     "GeminiOutOfMemory",
     "CheckpointFailing", "KernelBuildFailed", "KernelsNotReady",
     "TrainingHeartbeatFailing", "GPUMemoryOOMRisk", "HostMemoryOOMRisk", "CheckpointDiskLow",
-    "DiskPathBroken", "NCCLRendezvousDown", "GPUCollectorDown", "ChatServerDown",
+    "DiskPathBroken", "NCCLRendezvousDown", "GPUCollectorDown", "GPUXidCritical",
+    "GPUXidWarning", "GPUXidRecurring", "ChatServerDown",
     "ChatEngineError", "ChatLatencyHigh", "ExporterDown", "BridgeDeliveryFailing",
     "BridgeQueueBacklog", "Watchdog",
 )

@@ -40,6 +40,7 @@ from prometheus_client.core import Metric as MetricFamily
 
 from colossalai_exporter import catalogue
 from colossalai_exporter.node.base import READY, CollectorError, LoopWaker
+from colossalai_exporter.node.gpu import xid
 from colossalai_exporter.node.gpu.protocol import (
     MISSING_GPUS,
     NO_DRIVER,
@@ -203,6 +204,7 @@ class GpuCollector:
         self._closed = False
         # Xid history lives here, not in the worker: it survives worker restarts.
         self._xid_counts: dict[int, int] = {}
+        self._xid_codes: dict[tuple[int, int], int] = {}  # (gpu, code) -> events
         self._last_xid: dict[int, XidEvent] = {}
         if worker is not None:
             self._worker = worker
@@ -235,7 +237,19 @@ class GpuCollector:
             self._lock.release()
 
     def collect(self, deadline: float, pending: Pending | None = None) -> list[MetricFamily]:
-        """Fresh GPU families, or CollectorError, returning before ``deadline``."""
+        """Fresh GPU families, or CollectorError, returning before ``deadline``.
+
+        The Xid events counted so far are served either way: a GPU that fell off the
+        bus (Xid 79) fails every sample after it, and its page must not resolve for
+        that."""
+        try:
+            families = self._collect(deadline, pending)
+        except CollectorError as exc:
+            exc.families.extend(self._xid_events())
+            raise
+        return [*families, *self._xid_events()]
+
+    def _collect(self, deadline: float, pending: Pending | None) -> list[MetricFamily]:
         known = self._known_no_driver()
         if known is not None:
             return self._without_driver(*known)
@@ -377,9 +391,21 @@ class GpuCollector:
     def _count_xids(self, events: tuple[XidEvent, ...]) -> None:
         for event in events:
             self._xid_counts[event.gpu] = self._xid_counts.get(event.gpu, 0) + 1
+            key = (event.gpu, event.code)
+            self._xid_codes[key] = self._xid_codes.get(key, 0) + 1
             self._last_xid[event.gpu] = event
 
     # -- families -------------------------------------------------------------
+    def _xid_events(self) -> list[MetricFamily]:
+        """Every Xid code seen on every GPU, classified (node/gpu/xid_catalog.yml)."""
+        if not self._xid_codes:
+            return []
+        events = catalogue.counter("colossalai_gpu_xid_events_total")
+        for (gpu, code), count in sorted(self._xid_codes.items()):
+            kind = xid.classify(code)
+            events.add_metric([str(gpu), str(code), kind.tier, kind.action, kind.what], count)
+        return [events]
+
     def _known_no_driver(self) -> tuple[str, bool] | None:
         """The standing no_driver answer (its message, and whether a GPU is expected),
         or None when the worker must be asked."""

@@ -14,6 +14,7 @@ leaves that value out for that GPU; other NVML errors fail the sample.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import time
 from typing import Any
 
@@ -138,8 +139,19 @@ class NvmlReader:
                 raise
             if not int(data.eventType) & nvml.nvmlEventTypeXidCriticalError:
                 continue
-            into.append(XidEvent(gpu=int(nvml.nvmlDeviceGetIndex(data.device)),
-                                 code=int(data.eventData), seen_at=time.time()))
+            into.append(XidEvent(gpu=self._index_of(data.device), code=int(data.eventData),
+                                 seen_at=time.time()))
+
+    def _index_of(self, handle: Any) -> int:
+        """The GPU index of an event's device handle, looked up among the handles this
+        reader holds first: the event that says a GPU fell off the bus (Xid 79) comes
+        with a handle NVML may answer GPU_IS_LOST for, and losing that event would lose
+        the page."""
+        key = _handle_key(handle)
+        for index, (known, _, _) in enumerate(self._devices):
+            if _handle_key(known) == key:
+                return index
+        return int(self.nvml.nvmlDeviceGetIndex(handle))
 
     def _read_gpu(self, index: int, handle: Any, uuid: str, name: str) -> GpuReading:
         nvml = self.nvml
@@ -196,3 +208,12 @@ def _value(exc: Exception) -> int | None:
 
 def _text(value: str | bytes) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+def _handle_key(handle: Any) -> Any:
+    """What identifies a device handle: pynvml's is a ctypes pointer, equal to another
+    only by the address it holds."""
+    try:
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return handle  # not a ctypes pointer (a test's NVML): itself
