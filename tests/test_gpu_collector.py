@@ -673,3 +673,22 @@ def test_begin_does_not_block_on_a_hung_worker(scenario: Scenario, make: Make) -
         assert time.monotonic() - start < 0.1
         assert failure(collector, budget=0.5, pending=pending).reason == "timeout"
         assert time.monotonic() - start < 0.5 + MARGIN
+
+
+def test_an_event_handle_is_matched_by_the_address_it_holds() -> None:
+    """pynvml's device handles are ctypes pointers: the one an event carries is another
+    object than the reader's, equal only by address (what the reader matches on, so that
+    a lost GPU's index need not be asked of NVML)."""
+    import ctypes
+
+    import pynvml
+
+    from colossalai_exporter.node.gpu.reader import _handle_key
+
+    device = pynvml.struct_c_nvmlDevice_t()
+    kept = ctypes.pointer(device)
+    from_event = ctypes.cast(ctypes.addressof(device), pynvml.c_nvmlDevice_t)
+    assert kept is not from_event
+    assert _handle_key(kept) == _handle_key(from_event) == ctypes.addressof(device)
+    other = ctypes.pointer(pynvml.struct_c_nvmlDevice_t())
+    assert _handle_key(other) != _handle_key(kept)
