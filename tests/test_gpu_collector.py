@@ -504,6 +504,28 @@ def test_xid_events_are_classified_by_the_catalog_and_outlive_a_lost_gpu(
                                             "memory access in the job)"}) == 2
 
 
+def test_the_ranks_on_each_gpu_are_named_and_kept_while_the_gpu_is_lost(
+        scenario: Scenario, make: Make) -> None:
+    """NVML's compute processes matched to the node's ranks by pid: a GPU fault's page
+    names the ranks it took down, also once the GPU no longer answers."""
+    scenario.write(gpus=[gpu(0, processes=[4100, 999]), gpu(1, processes=[4101])])
+    collector = make(local_ranks=lambda: {4100: 8, 4101: 9})
+    reg = collect(collector)
+    assert reg.get_sample_value("colossalai_gpu_rank_info", {"gpu": "0", "rank": "8"}) == 1
+    assert reg.get_sample_value("colossalai_gpu_rank_info", {"gpu": "1", "rank": "9"}) == 1
+    assert reg.get_sample_value("colossalai_gpu_rank_info", {"gpu": "0", "rank": "9"}) is None
+
+    scenario.write(gpus=[gpu(0, processes=[4100]), gpu(1, lost=True)],
+                   xid=[{"id": 1, "gpu": 1, "code": 79}])
+    served = registry_of(failure(collector).families)
+    assert served.get_sample_value("colossalai_gpu_rank_info", {"gpu": "1", "rank": "9"}) == 1
+
+    # A GPU whose driver cannot list processes, and no ranks collector: nothing named.
+    scenario.write(gpus=[gpu(0)])
+    assert collect(make()).get_sample_value("colossalai_gpu_rank_info",
+                                            {"gpu": "0", "rank": "8"}) is None
+
+
 def test_the_xid_catalog_is_complete_and_consistent() -> None:
     from colossalai_exporter.node.gpu import xid
 

@@ -118,6 +118,10 @@ NODE: tuple[Metric, ...] = (
        "unknown, action drain_reboot|drain_reset_gpu|drain_check_memory|drain_check_nvlink|"
        "replace_gpu|reset_when_drained|read_recovery_action|restart_job|none|look_up.",
        ("gpu", "xid", "tier", "action", "what")),
+    _m("colossalai_gpu_rank_info", "info",
+       "A training rank of this node whose process ran on the GPU within the last hour "
+       "(NVML's compute processes matched to the ranks' pids); kept while the GPU is "
+       "lost, so that a GPU fault's page names the ranks it took down.", ("gpu", "rank")),
     _m("colossalai_gpu_last_xid", "gauge",
        "Code of the last critical Xid event seen on the GPU (48, 79 … are usually fatal); "
        "absent until one is seen.", ("gpu",)),

@@ -56,6 +56,9 @@ What each knob mimics on real hardware:
   event set delivers only events that appear after the GPU was registered,
   each once, through ``nvmlEventSetWait_v2``; ``gpus[].xid_supported: false``
   makes ``nvmlDeviceRegisterEvents`` raise NotSupported for that GPU.
+- ``gpus[].processes``: the pids of the compute processes on the GPU, as
+  ``nvmlDeviceGetComputeRunningProcesses`` lists them (each with
+  ``usedGpuMemory``); left out, the GPU has none.
 """
 
 from __future__ import annotations
@@ -326,6 +329,17 @@ def nvmlDeviceGetTotalEccErrors(handle: _Handle, error_type: int, counter_type: 
     if error_type == NVML_MEMORY_ERROR_TYPE_UNCORRECTED:
         return int(ecc.get("uncorrected", 0))
     raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+
+
+@dataclass(frozen=True)
+class _Process:
+    pid: int
+    usedGpuMemory: int = 0
+
+
+def nvmlDeviceGetComputeRunningProcesses(handle: _Handle) -> list[_Process]:
+    _enter("nvmlDeviceGetComputeRunningProcesses", handle)
+    return [_Process(int(pid)) for pid in _gpu(handle).get("processes", [])]
 
 
 def nvmlEventSetCreate() -> _EventSet:

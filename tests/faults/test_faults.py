@@ -118,7 +118,7 @@ CASES = [
          "the GPU lost) and rank 1 dies with it (SIGKILL)", "gpu_lost", 1, ("GPUXidCritical",),
          {"gpu": "1", "xid": "79", "instance": "<node 0's agent>"},
          ("GPU 1 on 127.0.0.1:", "Xid 79, GPU has fallen off the bus — drain the node and "
-          "reboot it", "Ranks of this run on the node: 0 1."),
+          "reboot it", "Ranks on this GPU: 1."),
          muted=("TrainingRankDown",), gpus=2),
     Case("own-error", "rank 1 raises an error of its own and exits 1 while rank 0 waits in "
          "backward's all-reduce", "own_error", 1, ("TrainingRankDown",),
@@ -242,8 +242,14 @@ def inject(stack: Stack, case: Case, cgroup: Path | None) -> float:
         # What NVML shows when a GPU falls off the bus: an Xid 79 event, then the GPU
         # answers GPU_IS_LOST. The rank on it dies (a CUDA error, or the driver's reset).
         assert stack.gpus is not None
+        # Each rank's process on its own GPU, as NVML lists them; seen by Prometheus first.
+        pids = [stack.job_of(rank).pid(rank) for rank in range(stack.ranks)]
+        stack.gpus.update(gpus=[gpu(i, processes=[pid]) for i, pid in enumerate(pids)])
+        wait_until(lambda: stack.prometheus.query(
+            f'colossalai_gpu_rank_info{{gpu="{case.rank}",rank="{case.rank}"}}'),
+            timeout=60, interval=0.2, what="the ranks seen on their GPUs")
         at = now()
-        stack.gpus.update(gpus=[gpu(0), gpu(1, lost=True)],
+        stack.gpus.update(gpus=[gpu(0, processes=[pids[0]]), gpu(1, lost=True)],
                           xid=[{"id": 1, "gpu": 1, "code": 79}])
         os.kill(stack.job_of(case.rank).pid(case.rank), signal.SIGKILL)
         return at

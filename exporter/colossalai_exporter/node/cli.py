@@ -55,20 +55,22 @@ def build_collectors(config: NodeConfig, gpu_worker: Worker | None = None,
     from colossalai_exporter.node.rendezvous import RendezvousCollector
 
     collectors: list[NodeCollector] = []
+    # The ranks collector's pids name the ranks on each GPU and in NCCL's answers.
+    ranks = RanksCollector(config.ranks_run_dir, calls=fs_calls) \
+        if config.collectors["ranks"] else None
     if config.collectors["gpu"]:
         from colossalai_exporter.node.gpu import GpuCollector
 
-        collectors.append(GpuCollector(timeout=config.gpu_timeout, expected=config.gpu_expected,
-                                       worker=gpu_worker))
+        collectors.append(GpuCollector(
+            timeout=config.gpu_timeout, expected=config.gpu_expected, worker=gpu_worker,
+            local_ranks=ranks.local_pids if ranks is not None else None))
     if config.collectors["host"]:
         collectors.append(HostCollector())
     if config.collectors["disk"] and config.disks:
         collectors.append(DiskCollector(config.disks, calls=fs_calls))
     if config.collectors["rendezvous"] and config.rendezvous:
         collectors.append(RendezvousCollector(config.rendezvous, config.rendezvous_timeout))
-    ranks = None
-    if config.collectors["ranks"]:
-        ranks = RanksCollector(config.ranks_run_dir, calls=fs_calls)
+    if ranks is not None:
         collectors.append(ranks)
     if config.collectors["nccl"]:
         from colossalai_exporter.node.nccl_ras import NcclRasCollector

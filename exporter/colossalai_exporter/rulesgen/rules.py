@@ -958,11 +958,17 @@ def xid_action_words() -> str:
 
 
 def xid_ranks() -> str:
-    """" Ranks of this run on the node: 0 1 2 3." for an alert with a ``run`` label."""
-    promql = "colossalai_training_info{job=%q,instance=%q,run=%q}".replace('"', '\\"')
-    return ('{{ with $labels.run }}{{ with printf "' + promql + '" $labels.job '
+    """" Ranks on this GPU: 5." where the agent saw which ranks ran on the GPU (NVML's
+    processes), else " Ranks of this run on the node: 0 1 2 3." for an alert with a
+    ``run`` label."""
+    on_gpu = "colossalai_gpu_rank_info{job=%q,instance=%q,gpu=%q}".replace('"', '\\"')
+    on_node = "colossalai_training_info{job=%q,instance=%q,run=%q}".replace('"', '\\"')
+    return ('{{ with printf "' + on_gpu + '" $labels.job $labels.instance $labels.gpu '
+            '| query | sortByLabel "rank" }} Ranks on this GPU:{{ range . }} '
+            "{{ .Labels.rank }}{{ end }}.{{ else }}"
+            '{{ with $labels.run }}{{ with printf "' + on_node + '" $labels.job '
             '$labels.instance . | query | sortByLabel "rank" }} Ranks of this run on the '
-            "node:{{ range . }} {{ .Labels.rank }}{{ end }}.{{ end }}{{ end }}")
+            "node:{{ range . }} {{ .Labels.rank }}{{ end }}.{{ end }}{{ end }}{{ end }}")
 
 
 def gpu_xids(n: Selector, th: Thresholds) -> tuple[Alert, ...]:

@@ -67,6 +67,9 @@ RETRY_SECONDS = 0.002
 # nvidiactl, nvidia-uvm or nvidia-caps, which say nothing about how many GPUs.
 GPU_DEVICE_NODE = re.compile(r"nvidia[0-9]")
 
+#: how long a rank seen on a GPU is still named for it (GPUXidCritical's window)
+GPU_RANK_MEMORY_SECONDS = 3600.0
+
 
 class _Request:
     """A scrape's request to the NVML worker (a Pending); ``answer`` once it is in.
@@ -175,9 +178,12 @@ class GpuCollector:
                  init_timeout: float = 30.0,
                  max_stuck_workers: int = 3, worker: Worker | None = None,
                  no_driver_recheck: float = 10.0,
-                 dev_root: str | os.PathLike[str] = "/dev") -> None:
+                 dev_root: str | os.PathLike[str] = "/dev",
+                 local_ranks: Callable[[], dict[int, int]] | None = None) -> None:
         """``worker``: one already started (the agent starts it before it imports the
-        rest, to boot meanwhile); by default the collector starts its own."""
+        rest, to boot meanwhile); by default the collector starts its own.
+        ``local_ranks``: pid -> training rank of the node's live ranks (the ranks
+        collector's), to tell which ranks run on which GPU."""
         if not timeout > 0:
             raise ValueError(f"gpu timeout must be positive, got {timeout!r}")
         if expected is not None and expected < 0:
@@ -205,6 +211,9 @@ class GpuCollector:
         # Xid history lives here, not in the worker: it survives worker restarts.
         self._xid_counts: dict[int, int] = {}
         self._xid_codes: dict[tuple[int, int], int] = {}  # (gpu, code) -> events
+        self._local_ranks = local_ranks
+        # (gpu, rank) -> when a reading last found the rank's process on the GPU
+        self._gpu_ranks: dict[tuple[int, int], float] = {}
         self._last_xid: dict[int, XidEvent] = {}
         if worker is not None:
             self._worker = worker
@@ -245,9 +254,9 @@ class GpuCollector:
         try:
             families = self._collect(deadline, pending)
         except CollectorError as exc:
-            exc.families.extend(self._xid_events())
+            exc.families.extend(self._history())
             raise
-        return [*families, *self._xid_events()]
+        return [*families, *self._history()]
 
     def _collect(self, deadline: float, pending: Pending | None) -> list[MetricFamily]:
         known = self._known_no_driver()
@@ -396,15 +405,39 @@ class GpuCollector:
             self._last_xid[event.gpu] = event
 
     # -- families -------------------------------------------------------------
-    def _xid_events(self) -> list[MetricFamily]:
-        """Every Xid code seen on every GPU, classified (node/gpu/xid_catalog.yml)."""
-        if not self._xid_codes:
-            return []
-        events = catalogue.counter("colossalai_gpu_xid_events_total")
-        for (gpu, code), count in sorted(self._xid_codes.items()):
-            kind = xid.classify(code)
-            events.add_metric([str(gpu), str(code), kind.tier, kind.action, kind.what], count)
-        return [events]
+    def _history(self) -> list[MetricFamily]:
+        """What the agent remembers across samples, served whether this one worked or
+        not: every Xid code seen on every GPU, classified (node/gpu/xid_catalog.yml),
+        and the ranks seen on each GPU within the last hour, so that a page for a GPU
+        that fell off the bus can name the ranks it took down."""
+        families: list[MetricFamily] = []
+        if self._xid_codes:
+            events = catalogue.counter("colossalai_gpu_xid_events_total")
+            for (gpu, code), count in sorted(self._xid_codes.items()):
+                kind = xid.classify(code)
+                events.add_metric([str(gpu), str(code), kind.tier, kind.action, kind.what],
+                                  count)
+            families.append(events)
+        forget = time.time() - GPU_RANK_MEMORY_SECONDS
+        self._gpu_ranks = {key: seen for key, seen in self._gpu_ranks.items() if seen >= forget}
+        if self._gpu_ranks:
+            ranks = catalogue.info("colossalai_gpu_rank_info")
+            for gpu, rank in sorted(self._gpu_ranks):
+                ranks.add_metric([str(gpu), str(rank)], {})
+            families.append(ranks)
+        return families
+
+    def _note_ranks(self, gpus: tuple[GpuReading, ...]) -> None:
+        """Match each GPU's compute processes to the node's ranks (by pid)."""
+        if self._local_ranks is None:
+            return
+        ranks = self._local_ranks()
+        now = time.time()
+        for gpu in gpus:
+            for pid in gpu.pids or ():
+                rank = ranks.get(pid)
+                if rank is not None:
+                    self._gpu_ranks[(gpu.index, rank)] = now
 
     def _known_no_driver(self) -> tuple[str, bool] | None:
         """The standing no_driver answer (its message, and whether a GPU is expected),
@@ -454,6 +487,7 @@ class GpuCollector:
             return self._without_driver(message, why is not None)
         if reading.gpus:
             self._seen_gpus = True
+        self._note_ranks(reading.gpus)
         families = self._build(reading)
         visible = len(reading.gpus)
         if self.expected is not None and visible < self.expected:

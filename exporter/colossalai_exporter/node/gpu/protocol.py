@@ -35,6 +35,8 @@ class GpuReading:
     ecc_uncorrected: int | None = None
     #: whether critical Xid events are registered for this GPU
     xid_watched: bool = False
+    #: pids of the compute processes on the GPU (None where NVML cannot list them)
+    pids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -165,6 +165,7 @@ class NvmlReader:
         uncorrected = self._optional(nvml.nvmlDeviceGetTotalEccErrors, handle,
                                      nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
                                      nvml.NVML_AGGREGATE_ECC)
+        processes = self._optional(nvml.nvmlDeviceGetComputeRunningProcesses, handle)
         return GpuReading(
             index=index, uuid=uuid, name=name,
             memory_used_bytes=None if memory is None else int(memory.used),
@@ -175,6 +176,7 @@ class NvmlReader:
             ecc_corrected=None if corrected is None else int(corrected),
             ecc_uncorrected=None if uncorrected is None else int(uncorrected),
             xid_watched=index in self._watched,
+            pids=None if processes is None else tuple(int(p.pid) for p in processes),
         )
 
     def _optional(self, function: Any, *args: Any) -> Any:
