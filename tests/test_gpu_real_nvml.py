@@ -234,3 +234,40 @@ def test_memory_and_utilization_follow_real_work(tmp_path: Path) -> None:
         if work.stdout is not None:
             work.stdout.close()
         collector.close()
+
+
+@pytest.mark.gpu
+def test_real_nvml_names_the_rank_whose_process_runs_on_a_gpu() -> None:
+    """nvmlDeviceGetComputeRunningProcesses on a real GPU: a process holding a CUDA
+    context on GPU 0 is matched to its rank by pid (colossalai_gpu_rank_info), and two
+    handles NVML gives for one GPU are one device to the reader (the Xid event path)."""
+    _need_real_gpus()
+    import pynvml
+
+    from colossalai_exporter.node.gpu.reader import _handle_key
+
+    pynvml.nvmlInit()
+    try:
+        first = pynvml.nvmlDeviceGetHandleByIndex(0)
+        again = pynvml.nvmlDeviceGetHandleByIndex(0)
+        assert _handle_key(first) == _handle_key(again)
+    finally:
+        pynvml.nvmlShutdown()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, torch; torch.zeros(1, device='cuda:0'); "
+                               "print('ready', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "ready"
+        collector = GpuCollector(timeout=10.0, local_ranks=lambda: {holder.pid: 3})
+        try:
+            def named() -> bool:
+                reg = registry_of(collector.collect(time.monotonic() + 30.0))
+                return reg.get_sample_value("colossalai_gpu_rank_info",
+                                            {"gpu": "0", "rank": "3"}) == 1
+            wait_until(named, timeout=60, interval=0.5, what="rank 3 seen on GPU 0")
+        finally:
+            collector.close()
+    finally:
+        holder.kill()
+        holder.wait(30)
