@@ -53,6 +53,8 @@ ROUTES = [
     (["alertname=GPUMemoryOOMRisk", "severity=warning", "job=colossalai-node"],
      "bridge,slack-warning"),
     (["alertname=SomethingInformational", "severity=info", "job=colossalai-node"], "bridge"),
+    # shipped record-only (rules/config.yml): evaluated, routed to no one
+    (["alertname=GPUXidRecurring", "severity=warning", "record_only=true"], "record-only"),
 ]
 
 
@@ -74,7 +76,8 @@ def test_route_verification_can_fail() -> None:
 def test_routing_tree_settings() -> None:
     route = _config()["route"]
     assert route["group_by"] == ["alertname", "job"]
-    watchdog, bridge, critical, warning = route["routes"]
+    watchdog, record_only, bridge, critical, warning = route["routes"]
+    assert record_only == {"matchers": ['record_only="true"'], "receiver": "record-only"}
     assert watchdog["matchers"] == ['alertname="Watchdog"']
     # A ping every minute: the repeat a little under the interval (measured below)
     assert (watchdog["group_wait"], watchdog["group_interval"], watchdog["repeat_interval"]) == (

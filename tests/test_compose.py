@@ -184,6 +184,9 @@ def test_alertmanager_config_sends_everything_to_the_bridge(tmp_path: Path) -> N
     assert result.returncode == 0, result.stdout + result.stderr
     data = load_yaml(config)
     for receiver in data["receivers"]:
+        if receiver["name"] == "record-only":
+            assert set(receiver) == {"name"}  # nothing behind it
+            continue
         (hook,) = receiver["webhook_configs"]
         url = urlsplit(hook["url"])
         assert (url.hostname, url.port, url.path) == ("colossalai-bridge", 9468, "/alertmanager")
@@ -202,7 +205,7 @@ def test_alertmanager_config_is_the_shipped_one_without_slack() -> None:
                                   if not route.get("receiver", "").startswith("slack-")]
     shipped["receivers"] = [r for r in shipped["receivers"] if not r["name"].startswith("slack-")]
     for receiver in shipped["receivers"]:
-        for hook in receiver["webhook_configs"]:
+        for hook in receiver.get("webhook_configs", []):
             hook["http_config"]["authorization"]["credentials_file"] = "/run/secrets/bridge-token"
     assert load_yaml(REPO / "deploy" / "compose" / "alertmanager.yml") == shipped
 

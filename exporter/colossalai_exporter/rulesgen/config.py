@@ -129,6 +129,8 @@ class RulesConfig(Section, frozen=True):
     #: keyed by alert name; the YAML key is ``for``
     for_: dict[str, Duration] = msgspec.field(name="for")
     kubernetes: Kubernetes
+    #: alerts evaluated and visible but routed to no one (label record_only="true")
+    record_only: list[str] = msgspec.field(default_factory=list)
 
     def runbook(self, alertname: str) -> str:
         """The runbook URL of one alert."""
@@ -176,6 +178,10 @@ def from_mapping(data: Mapping[str, Any], alerts: set[str] | None = None) -> Rul
         missing = sorted(alerts - set(config.for_))
         if missing:
             raise ConfigError(f"for.{missing[0]}: missing (every alert needs a for window)")
+        unknown = sorted(set(config.record_only) - alerts)
+        if unknown:
+            raise ConfigError(f"record_only: {unknown[0]} is not an alert (alerts: "
+                              f"{', '.join(sorted(alerts))})")
     return config
 
 
