@@ -532,6 +532,17 @@ def collectives_behind(t: Selector, n: Selector, answering: Callable[[Selector, 
         return f"{sel(enqueued)}\n  > on (run, pg) group_left ()\n{indent(least)}"
 
     waits_somewhere = f"(\n{indent(ahead(n))}\nor\n{indent(ahead(t))}\n)"
+
+    # Compared only once every stalled rank of the run that answers has said where its
+    # collectives are: each rank publishes them when it sees its own stall, a moment
+    # apart, and until the lowest member of a group has, a rank ahead of it there looks
+    # behind only elsewhere (a 2x2 mesh paged a waiting rank so, for one evaluation).
+    def unreported(sel: Selector) -> str:
+        silent = (f"{sel('colossalai_training_stalled')} == 1\n"
+                  f"unless on (job, instance, rank)\n  {sel(enqueued)}")
+        return f"max by (run) (\n{indent(with_run(answering(sel, silent), sel))}\n)"
+
+    incomplete = f"(\n{indent(unreported(n))}\nor\n{indent(unreported(t))}\n)"
     # The groups the rank is behind in (either view, each group once), and in each the
     # collective the others wait in.
     groups = (f"max by (pg, pg_ranks) ({enqueued}{{run=%q,rank=%q}}) < on (pg) group_left () "
@@ -548,7 +559,8 @@ def collectives_behind(t: Selector, n: Selector, answering: Callable[[Selector, 
     return Alert(
         "TrainingHangSuspect",
         f"(\n{indent(one_view_per_rank(behind, t, n))}\n)\nunless on (run, rank)\n"
-        f"{waits_somewhere}\nunless on (run, rank)\n(\n{indent(outside_named)}\n)",
+        f"{waits_somewhere}\nunless on (run, rank)\n(\n{indent(outside_named)}\n)\n"
+        f"unless on (run)\n{incomplete}",
         "critical", "The rank a stalled training run is waiting for.",
         fill("Rank [[$rank]][[of_run]] on [[$instance]] is the rank the others wait for: "
              "[[behind_in]]; it waits in no process group.[[last_error]]",
