@@ -32,7 +32,8 @@ def test_no_command_prints_usage_and_exit_2() -> None:
     assert "usage: colossalai-exporter" in result.stdout
 
 
-HELPS = [*([name] for name in COMMANDS), ["bridge", "check"], ["bridge", "outbox"]]
+HELPS = [*([name] for name in COMMANDS), ["bridge", "check"], ["bridge", "outbox"],
+         ["node", "check"]]
 
 
 @pytest.mark.parametrize("command", HELPS, ids=" ".join)

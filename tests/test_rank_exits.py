@@ -167,7 +167,7 @@ def test_a_slow_record_is_written_before_the_signal_takes_effect(
     proc = start(tmp_path, 0, "slow_publish")
     ranks.append(proc)
     proc.send_signal(signal.SIGTERM)
-    assert ended(proc, 20) == -signal.SIGTERM
+    assert ended(proc) == -signal.SIGTERM
     snap = read_snapshot(snapshot_path(tmp_path, 0))
     assert snap.interruption is not None and snap.interruption.signal == "SIGTERM"
 
@@ -177,8 +177,10 @@ def test_sigint_still_raises_keyboard_interrupt_and_is_recorded(tmp_path: Path,
     proc = start(tmp_path, 0, "term")
     ranks.append(proc)
     proc.send_signal(signal.SIGINT)
-    # KeyboardInterrupt, as without the monitor (Python then ends by SIGINT itself)
-    assert ended(proc, 10) == -signal.SIGINT
+    # KeyboardInterrupt, as without the monitor (Python then ends by SIGINT itself). The
+    # deadline is the default's: the handler and the watcher may each wait for the other's
+    # write (seconds, bounded), which a loaded CI machine stretched past a 10 s deadline.
+    assert ended(proc) == -signal.SIGINT
     stderr = proc.stderr.read() if proc.stderr else b""
     assert b"KeyboardInterrupt" in stderr, stderr
     snap = read_snapshot(snapshot_path(tmp_path, 0))

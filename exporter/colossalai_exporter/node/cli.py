@@ -95,9 +95,16 @@ def report_first_scrape(agent: Agent) -> None:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["check"]:
+        from colossalai_exporter.node import check
+
+        return check.main(argv[1:])
     parser = ArgumentParser(prog="colossalai-exporter node",
                             description="Per-node agent: GPUs, host memory, disks, "
-                                        "rendezvous, local training ranks.")
+                                        "rendezvous, local training ranks.",
+                            epilog="Also: 'colossalai-exporter node check' checks this "
+                                   "node's GPUs, disks and kernel-logged Xids once and exits "
+                                   "0 or 1, for Slurm's HealthCheckProgram.")
     add_common_flags(parser, DEFAULT_PORT)
     add_node_flags(parser)
     args = parser.parse_args(argv)

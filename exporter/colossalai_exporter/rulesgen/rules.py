@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from colossalai_exporter.node.gpu import xid
 from colossalai_exporter.rankstate.schema import PHASES
 from colossalai_exporter.rankstate.schema import WAITING as WAITING_ACTIVITIES
 from colossalai_exporter.rulesgen.config import Duration, RulesConfig, Thresholds
@@ -945,28 +946,13 @@ def training(config: RulesConfig) -> RuleFile:
 
 
 XID_EVENTS = "colossalai_gpu_xid_events_total"
-# What the page tells on-call to do, per action of node/gpu/xid_catalog.yml.
-XID_ACTIONS = {
-    "drain_reboot": "drain the node and reboot it; the GPU is gone until then",
-    "drain_reset_gpu": "drain the node and reset the GPU (nvidia-smi -r), or reboot it",
-    "drain_check_memory": "drain the node and reset the GPU; replace the GPU if it happens "
-                          "again",
-    "drain_check_nvlink": "drain the node, read the NVLink errors (nvidia-smi nvlink -e) and "
-                          "reset the GPU",
-    "replace_gpu": "drain the node and replace the GPU",
-    "reset_when_drained": "no action now; reset the GPU at the node's next drain",
-    "read_recovery_action": "read the GPU's recovery action (nvidia-smi -q | grep -i "
-                            "recovery) and do what it says",
-    "restart_job": "restart the job; the node needs nothing",
-    "none": "no action",
-}
-
-
 def xid_action_words() -> str:
     """The alert's ``action`` label in words (a Go template chain)."""
+    words = xid.actions()
+    fallback = words.pop(xid.LOOK_UP)
     chain = "".join(f'{{{{ {"if" if i == 0 else "else if"} eq $labels.action "{key}" }}}}'
-                    f"{words}" for i, (key, words) in enumerate(XID_ACTIONS.items()))
-    return chain + "{{ else }}look the code up in NVIDIA's Xid catalog{{ end }}"
+                    f"{text}" for i, (key, text) in enumerate(words.items()))
+    return chain + "{{ else }}" + fallback + "{{ end }}"
 
 
 def xid_ranks() -> str:

@@ -1,0 +1,130 @@
+"""``colossalai-exporter node check``: the node's health once, as a scheduler asks for it.
+
+Slurm's ``HealthCheckProgram`` and Kubernetes' node-problem-detector (a custom
+plugin) run a program and act on its exit code: 0 healthy, 1 not (drain the node,
+with the one line printed as the reason), 2 unknown (a bad flag or config). This
+runs the node agent's own checks once, on the agent's flags and config file:
+
+* the GPUs: NVML answers within ``--gpu.timeout``, none is lost, and at least
+  ``--gpu.expected`` are visible (the gpu collector's verdict);
+* the watched disks: each path exists, is writable and answers in time (the disk
+  collector's);
+* the kernel log since boot: an Xid the catalog (node/gpu/xid_catalog.yml) calls
+  critical fails the node until it is rebooted (the driver logs every Xid there;
+  NVML only tells of new ones); warning-tier Xids are said, not failed on. A log
+  this process cannot read (no CAP_SYSLOG) is said, not failed on.
+
+Never waits longer than ``--scrape.timeout`` plus the kernel log's read.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from colossalai_exporter.flags import ArgumentParser
+from colossalai_exporter.node.base import CollectorError
+from colossalai_exporter.node.config import NodeConfig, add_node_flags, load_config
+from colossalai_exporter.node.gpu import xid
+from colossalai_exporter.node.kmsg import KernelRecords
+
+HEALTHY, UNHEALTHY = 0, 1
+
+
+@dataclass
+class Verdict:
+    failures: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        """The one line a scheduler keeps (Slurm's drain reason, NPD's message)."""
+        if self.failures:
+            return "FAIL: " + "; ".join(self.failures + self.notes)
+        return "OK" + (": " + "; ".join(self.notes) if self.notes else "")
+
+
+def check_gpus(config: NodeConfig, verdict: Verdict) -> None:
+    from colossalai_exporter.node.gpu import GpuCollector
+
+    collector = GpuCollector(timeout=config.gpu_timeout, expected=config.gpu_expected)
+    try:
+        families = collector.collect(time.monotonic() + config.gpu_timeout)
+    except CollectorError as exc:
+        verdict.failures.append(f"gpu: {exc.message}")
+        return
+    finally:
+        collector.close()
+    devices = next((s.value for f in families for s in f.samples
+                    if s.name == "colossalai_gpu_devices"), 0)
+    verdict.notes.append(f"{devices:.0f} GPU(s)")
+
+
+def check_disks(config: NodeConfig, verdict: Verdict) -> None:
+    if not config.disks:
+        return
+    from colossalai_exporter.node.disk import DiskCollector
+
+    collector = DiskCollector(config.disks)
+    try:
+        collector.collect(time.monotonic() + config.scrape_timeout)
+        problems = collector.problems()
+    finally:
+        collector.close()
+    verdict.failures += [f"disk {problem['message']}" for problem in problems]
+
+
+def check_kernel_xids(kmsg: str, verdict: Verdict) -> None:
+    log = KernelRecords(kmsg)
+    try:
+        seen = xid.kernel_xids(log.poll())
+    finally:
+        log.close()
+    if not log.readable:
+        verdict.notes.append(f"Xids not checked: {log.problem}")
+        return
+    words = xid.actions()
+    reported: set[tuple[str, int]] = set()
+    for event in seen:
+        if (event.pci, event.code) in reported:
+            continue
+        reported.add((event.pci, event.code))
+        kind = xid.classify(event.code)
+        text = (f"Xid {event.code} on GPU {event.pci} since boot: {kind.what} — "
+                f"{words[kind.action]}")
+        if kind.tier == "critical":
+            verdict.failures.append(text)
+        elif kind.tier in ("warning", "unknown"):
+            verdict.notes.append(text)
+
+
+def main(argv: Sequence[str]) -> int:
+    parser = ArgumentParser(
+        prog="colossalai-exporter node check",
+        description="Check this node's GPUs, watched disks and kernel-logged Xids once, "
+                    "with the node agent's flags and config file; print one line and exit "
+                    "0 (healthy), 1 (drain it: the line says why) or 2 (bad flag or config). "
+                    "For Slurm's HealthCheckProgram and node-problem-detector.")
+    parser.add_argument("--config.file", dest="config_file", default=None, metavar="PATH",
+                        help="the node agent's YAML config file")
+    parser.add_argument("--kmsg", default="/dev/kmsg", metavar="PATH",
+                        help="the kernel log to read Xids from (default /dev/kmsg; needs "
+                             "CAP_SYSLOG)")
+    add_node_flags(parser)
+    args = parser.parse_args(list(argv))
+    for unused in ("listen_address", "web_config_file", "log_level", "log_format"):
+        setattr(args, unused, None)  # the agent's web and log flags mean nothing here
+    config = load_config(args)
+    verdict = Verdict()
+    if config.collectors["gpu"]:
+        check_gpus(config, verdict)
+    if config.collectors["disk"]:
+        check_disks(config, verdict)
+    check_kernel_xids(args.kmsg, verdict)
+    print(verdict.line(), flush=True)
+    return UNHEALTHY if verdict.failures else HEALTHY
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
