@@ -43,13 +43,17 @@ from prometheus_helpers import (
 
 INTERVAL = 1.0  # Prometheus' scrape and evaluation interval in the suite
 # The documented override mechanism (docs/rules.md): shorter `for` windows, so that
-# each case pages within seconds; the rules themselves are the shipped ones.
+# each case pages within seconds; the rules themselves are the shipped ones. Their order
+# is the shipped one too: a frozen rank "waits least" from the moment it freezes, and
+# the straggler rule leaves a stalled run alone, so TrainingStraggler's window must
+# outlast the 5 s step budget (and the scrape that sees it run out) as its shipped 10m
+# outlasts real budgets; at 5 s a loaded run paged a hang's culprit as a straggler first.
 RULES_OVERRIDE = """
 expected_jobs: [colossalai-node]
 for:
   TrainingStalled: 5s
   TrainingHangSuspect: 0s
-  TrainingStraggler: 5s
+  TrainingStraggler: 15s
   TrainingStartupStuck: 2s
   CheckpointStuck: 2s
   TrainingRankDown: 10s
