@@ -236,7 +236,7 @@ class Stack:
         self.agents[node] = start_agent(old.args, old.port, self.agent_env())
 
     def agent_env(self) -> dict[str, str] | None:
-        return fake_nvml_env(self.gpus.path, cli_env()) if self.gpus is not None else None
+        return agent_env(self.gpus)
 
     def restart_prometheus(self) -> None:
         """Stop Prometheus and start it again on the same port and data (an upgrade)."""
@@ -244,6 +244,11 @@ class Stack:
         port = int(self.prometheus.url.rsplit(":", 1)[1])
         stop_process(self.prometheus.proc, timeout=15)
         self.prometheus = run_prometheus(self.prometheus_config, self.tmp, port)
+
+
+def agent_env(gpus: Scenario | None) -> dict[str, str] | None:
+    """A node agent's environment: the fake NVML's, when the case gives the node GPUs."""
+    return fake_nvml_env(gpus.path, cli_env()) if gpus is not None else None
 
 
 def start_agent(args: list[str], port: int, env: dict[str, str] | None = None) -> ServerProcess:
@@ -288,7 +293,7 @@ def running_stack(tmp: Path, receiver: FakeVigilmon, fault: str, rank: int,
         agents: list[ServerProcess] = []
         scenario = Scenario(tmp / "nvml.json").write(gpus=[gpu(i) for i in range(gpus)]) \
             if gpus else None
-        env = fake_nvml_env(scenario.path, cli_env()) if scenario is not None else None
+        env = agent_env(scenario)
         for node in range(nodes):
             suffix = f"-node{node}" if nodes > 1 else ""
             args = ["node", "--web.listen-address", "", "--ranks.run-dir",

@@ -80,11 +80,11 @@ class AlertStack:
         self.pager.close()
 
 
-def start(workdir: Path, host: str, ports: onehost.Ports) -> AlertStack:
-    """Write the folder and start the services (logs in ``workdir``); the caller stops
-    them. Prometheus and Alertmanager are looked up first, so that a missing one is an
-    error before anything starts."""
-    prometheus, alertmanager = binaries()
+def start(workdir: Path, host: str, ports: onehost.Ports,
+          found: tuple[str, str]) -> AlertStack:
+    """Write the folder and start the services (logs in ``workdir``) with the Prometheus
+    and Alertmanager :func:`binaries` found; the caller stops them."""
+    prometheus, alertmanager = found
     folder = onehost.write(workdir / "stack", host, ports)
     argv = commands(folder, host, ports, prometheus, alertmanager)
     pager = Pager(host, ports.pager)

@@ -29,8 +29,7 @@ from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.flags import ArgumentParser
 from colossalai_exporter.rankstate.schema import Snapshot
 
-DEFAULT_RANK0_PORT = 8766  # TrainingMonitor's default
-DEFAULT_AGENT_PORT = 9466  # the node agent's default
+DEFAULTS = onehost.Ports()
 
 
 def positive(kind: type[int] | type[float], minimum: float) -> Callable[[str], float]:
@@ -76,9 +75,9 @@ def parser() -> ArgumentParser:
                    metavar="SECONDS", help="the step budget a stall is judged by (default 10; "
                                             "real runs learn it)")
     p.add_argument("--host", default="127.0.0.1", help="address every server binds")
-    p.add_argument("--port", type=positive(int, 1), default=DEFAULT_RANK0_PORT,
+    p.add_argument("--port", type=positive(int, 1), default=DEFAULTS.rank0,
                    help="rank 0's /metrics and /health (default 8766)")
-    p.add_argument("--agent-port", type=positive(int, 0), default=DEFAULT_AGENT_PORT,
+    p.add_argument("--agent-port", type=positive(int, 0), default=DEFAULTS.agent,
                    help="the node agent's port, 0 to not start one (default 9466)")
     p.add_argument("--master-port", type=positive(int, 0), default=0,
                    help="torchrun's rendezvous port, for a node agent of your own to check "
@@ -100,12 +99,11 @@ def parser() -> ArgumentParser:
                             "webhook (Debian's prometheus and prometheus-alertmanager must be "
                             "installed); inject the failure and print the page on-call "
                             "would get; runs until Ctrl-C")
-    defaults = onehost.Ports()
     for name, what in (("prometheus", "Prometheus"), ("alertmanager", "Alertmanager"),
                        ("bridge", "the bridge"), ("pager", "the pager")):
         stack.add_argument(f"--{name}-port", type=positive(int, 1),
-                           default=getattr(defaults, name),
-                           help=f"port for {what} (default {getattr(defaults, name)})")
+                           default=getattr(DEFAULTS, name),
+                           help=f"port for {what} (default {getattr(DEFAULTS, name)})")
     return p
 
 
@@ -124,8 +122,9 @@ def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     backend, what = choose_backend(args.backend)
     ports = stack_ports(args)
+    # Looked up first: a missing one is an error before anything starts.
+    binaries = alerting.binaries() if args.alerting else None
     if args.alerting:
-        alerting.binaries()  # a missing one is an error before anything starts
         if not args.agent_port:
             raise ConfigError("--alerting needs the node agent: leave --agent-port at a port")
         if args.kill_after is None and not args.stall_after:
@@ -160,7 +159,7 @@ def main(argv: list[str]) -> int:
             open(workdir / "train.log", "ab") as train_log:
         # The alert path first, so that Prometheus sees the run from its first second,
         # as it would a job started under a running stack. Stopped last.
-        stack = alerting.start(workdir, args.host, ports) if args.alerting else None
+        stack = alerting.start(workdir, args.host, ports, binaries) if binaries else None
         if stack:
             cleanup.callback(stack.stop)
         agent = start_agent(args.host, args.agent_port, run_dir, checkpoints, agent_log) \
@@ -237,7 +236,7 @@ def watch(args: argparse.Namespace, backend: str, what: str, workdir: Path, run_
     ended = False
     while not stop.is_set():
         lines = summary.look() if not ended else []
-        injected = failure.inject(summary.snapshots()) if not ended else None
+        injected = failure.inject(summary.seen) if not ended else None
         lines += [injected] if injected else []
         lines += pages.look(failure.at) if pages else []
         for line in lines:

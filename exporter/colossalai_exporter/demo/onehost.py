@@ -3,10 +3,10 @@
 ``colossalai-exporter demo --alerting`` runs the real Prometheus, Alertmanager and
 bridge on these files, and they are the by-hand recipe of docs/deploy.md ("One
 host by hand") done for you: the shipped ``deploy/prometheus/prometheus.yml`` and
-``deploy/alertmanager/alertmanager.yml`` with only the substitutions listed in
-``SUBSTITUTIONS`` (which the docs repeat and tests/test_demo_alerting.py holds the
-files to), the rules rendered with an override, the secret files created, and a
-bridge config delivering to a receiver of your choice.
+``deploy/alertmanager/alertmanager.yml`` with only the substitutions docs/deploy.md
+lists (tests/test_demo.py holds the files to exactly those), the rules rendered with
+an override, the secret files created, and a bridge config delivering to a receiver
+of your choice.
 
 Layout under the folder::
 
@@ -34,17 +34,7 @@ import yaml
 from colossalai_exporter import checkout
 from colossalai_exporter.rulesgen import cli as rules_cli
 
-# What differs from the shipped files, in the words docs/deploy.md uses.
-SUBSTITUTIONS = (
-    "prometheus.yml: the Alertmanager, bridge and Prometheus addresses are this host's "
-    "(alertmanager:9093, colossalai-bridge:9468, localhost:9090)",
-    "prometheus.yml: the colossalai-prober job is left out (no prober runs here; a "
-    "prober target that is down would page ExporterDown)",
-    "prometheus.yml: scrape and evaluation every 5 s instead of 15 s (demo only, to "
-    "page sooner)",
-    "alertmanager.yml: the bridge's URL is this host's; the secret files are under "
-    "alertmanager/secrets/ instead of /etc/alertmanager/secrets/",
-)
+# The demo scrapes and evaluates more often than the shipped 15 s, to page sooner.
 DEMO_INTERVAL = "5s"
 
 # The documented override mechanism (docs/rules.md): the shipped rules with `for`
@@ -69,8 +59,8 @@ class Ports:
     prometheus: int = 9090
     alertmanager: int = 9093
     bridge: int = 9468
-    agent: int = 9466
-    rank0: int = 8766
+    agent: int = 9466  # the node agent's default
+    rank0: int = 8766  # TrainingMonitor's default
     pager: int = 9469
 
 
@@ -93,11 +83,6 @@ class Folder:
         return self.root / "bridge" / "bridge.yml"
 
 
-def shipped(relative: str) -> Path:
-    """A file of deploy/: the repository's in a checkout, else the wheel's copy."""
-    return checkout.deploy_file(relative)
-
-
 def load(path: Path) -> dict[str, Any]:
     data: dict[str, Any] = yaml.safe_load(path.read_text(encoding="utf-8"))
     return data
@@ -118,7 +103,7 @@ def write_secret(path: Path, value: str) -> Path:
 
 def prometheus_config(host: str, ports: Ports) -> dict[str, Any]:
     """deploy/prometheus/prometheus.yml with the substitutions above."""
-    config = load(shipped("prometheus/prometheus.yml"))
+    config = load(checkout.deploy_file("prometheus/prometheus.yml"))
     config["global"]["scrape_interval"] = DEMO_INTERVAL
     config["global"]["scrape_timeout"] = DEMO_INTERVAL
     config["global"]["evaluation_interval"] = DEMO_INTERVAL
@@ -141,7 +126,7 @@ def prometheus_config(host: str, ports: Ports) -> dict[str, Any]:
 
 def alertmanager_config(host: str, ports: Ports, secrets_dir: Path) -> dict[str, Any]:
     """deploy/alertmanager/alertmanager.yml with the substitutions above."""
-    config = load(shipped("alertmanager/alertmanager.yml"))
+    config = load(checkout.deploy_file("alertmanager/alertmanager.yml"))
     bridge = f"http://{host}:{ports.bridge}/alertmanager"
     for receiver in config["receivers"]:
         for hook in receiver.get("webhook_configs", []):
@@ -205,7 +190,7 @@ def write(root: Path, host: str, ports: Ports) -> Folder:
          origin.format(source="deploy/alertmanager/alertmanager.yml"))
     templates = root / "alertmanager" / "templates"
     shutil.rmtree(templates, ignore_errors=True)
-    shutil.copytree(shipped("alertmanager/templates"), templates)
+    shutil.copytree(checkout.deploy_file("alertmanager/templates"), templates)
 
     dump(folder.bridge_config, bridge_config(root, pager),
          "The bridge for one host: see deploy/bridge/bridge.example.yml for every target kind.")

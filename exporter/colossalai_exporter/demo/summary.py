@@ -102,6 +102,8 @@ class Summary:
     _agent: str | None = None
     #: rank 0's server answered once: "unreachable" before that is start-up, not news
     _reached: bool = False
+    #: the snapshots the last look read (the demo's failure injection reads them too)
+    seen: list[Snapshot] = field(default_factory=list)
 
     def snapshots(self) -> list[Snapshot]:
         return read_all_snapshots(self.run_dir)
@@ -110,7 +112,7 @@ class Summary:
         """The lines to print now: one per rank, then any events since the last look."""
         now = time.time() if now is None else now
         lines = []
-        snaps = self.snapshots()
+        snaps = self.seen = self.snapshots()
         for snap in snaps:
             rank, steps = snap.rank, snap.steps
             previous = self._last.get(rank)

@@ -209,7 +209,6 @@ class GpuCollector:
         self._stuck: list[Worker] = []
         self._closed = False
         # Xid history lives here, not in the worker: it survives worker restarts.
-        self._xid_counts: dict[int, int] = {}
         self._xid_codes: dict[tuple[int, int], int] = {}  # (gpu, code) -> events
         self._local_ranks = local_ranks
         # (gpu, rank) -> when a reading last found the rank's process on the GPU
@@ -399,7 +398,6 @@ class GpuCollector:
 
     def _count_xids(self, events: tuple[XidEvent, ...]) -> None:
         for event in events:
-            self._xid_counts[event.gpu] = self._xid_counts.get(event.gpu, 0) + 1
             key = (event.gpu, event.code)
             self._xid_codes[key] = self._xid_codes.get(key, 0) + 1
             self._last_xid[event.gpu] = event
@@ -524,6 +522,9 @@ class GpuCollector:
         xids = catalogue.counter("colossalai_gpu_xid_errors_total")
         last_xid = catalogue.gauge("colossalai_gpu_last_xid")
         last_xid_at = catalogue.gauge("colossalai_gpu_last_xid_timestamp_seconds")
+        xid_totals: dict[int, int] = {}  # per GPU, from the counts by code
+        for (index, _), count in self._xid_codes.items():
+            xid_totals[index] = xid_totals.get(index, 0) + count
         for gpu in gpus:
             label = [str(gpu.index)]
             if gpu.memory_used_bytes is not None and gpu.memory_total_bytes is not None:
@@ -542,8 +543,8 @@ class GpuCollector:
                 ecc.add_metric([*label, "corrected"], gpu.ecc_corrected)
             if gpu.ecc_uncorrected is not None:
                 ecc.add_metric([*label, "uncorrected"], gpu.ecc_uncorrected)
-            if gpu.xid_watched or gpu.index in self._xid_counts:
-                xids.add_metric(label, self._xid_counts.get(gpu.index, 0))
+            if gpu.xid_watched or gpu.index in xid_totals:
+                xids.add_metric(label, xid_totals.get(gpu.index, 0))
             event = self._last_xid.get(gpu.index)
             if event is not None:
                 last_xid.add_metric(label, event.code)
