@@ -113,8 +113,6 @@ def main(argv: Sequence[str]) -> int:
                              "CAP_SYSLOG)")
     add_node_flags(parser)
     args = parser.parse_args(list(argv))
-    for unused in ("listen_address", "web_config_file", "log_level", "log_format"):
-        setattr(args, unused, None)  # the agent's web and log flags mean nothing here
     config = load_config(args)
     verdict = Verdict()
     if config.collectors["gpu"]:

@@ -49,37 +49,10 @@ def build_agent(config: NodeConfig, gpu_worker: Worker | None = None) -> Agent:
 
 def build_collectors(config: NodeConfig, gpu_worker: Worker | None = None,
                      fs_calls: BlockingCalls | None = None) -> list[NodeCollector]:
-    from colossalai_exporter.node.disk import DiskCollector
-    from colossalai_exporter.node.host import HostCollector
-    from colossalai_exporter.node.ranks import RanksCollector
-    from colossalai_exporter.node.rendezvous import RendezvousCollector
+    """The switched-on collectors of node/collectors.py's registry, in its order."""
+    from colossalai_exporter.node import collectors
 
-    collectors: list[NodeCollector] = []
-    # The ranks collector's pids name the ranks on each GPU and in NCCL's answers.
-    ranks = RanksCollector(config.ranks_run_dir, calls=fs_calls) \
-        if config.collectors["ranks"] else None
-    if config.collectors["gpu"]:
-        from colossalai_exporter.node.gpu import GpuCollector
-
-        collectors.append(GpuCollector(
-            timeout=config.gpu_timeout, expected=config.gpu_expected, worker=gpu_worker,
-            local_ranks=ranks.local_pids if ranks is not None else None))
-    if config.collectors["host"]:
-        collectors.append(HostCollector())
-    if config.collectors["disk"] and config.disks:
-        collectors.append(DiskCollector(config.disks, calls=fs_calls))
-    if config.collectors["rendezvous"] and config.rendezvous:
-        collectors.append(RendezvousCollector(config.rendezvous, config.rendezvous_timeout))
-    if ranks is not None:
-        collectors.append(ranks)
-    if config.collectors["nccl"]:
-        from colossalai_exporter.node.nccl_ras import NcclRasCollector
-
-        collectors.append(NcclRasCollector(
-            config.nccl_ras.host, config.nccl_ras.port, config.nccl_timeout,
-            local_ranks=ranks.local_pids if ranks is not None else dict,
-            local_world=ranks.local_world if ranks is not None else lambda: None))
-    return collectors
+    return collectors.build(config, collectors.Built(gpu_worker, fs_calls))
 
 
 def report_first_scrape(agent: Agent) -> None:

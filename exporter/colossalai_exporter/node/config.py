@@ -30,7 +30,7 @@ import argparse
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import msgspec
 
@@ -43,10 +43,10 @@ from colossalai_exporter.configfile import (
     load,
 )
 from colossalai_exporter.errors import ConfigError
+from colossalai_exporter.node import collectors as registry
 from colossalai_exporter.node.disk import WatchedPath
 from colossalai_exporter.node.rendezvous import Endpoint
 
-COLLECTORS = ("gpu", "host", "disk", "rendezvous", "ranks", "nccl")
 DEFAULT_PORT = 9466
 #: (name, environment variable naming its path, the built-in path when it is unset)
 #: for the disks watched when no flag or config file names any: the tutorial's
@@ -63,7 +63,7 @@ class NodeConfig:
     log_level: str = "info"
     log_format: str = "logfmt"
     scrape_timeout: float = 8.0
-    collectors: dict[str, bool] = field(default_factory=lambda: dict.fromkeys(COLLECTORS, True))
+    collectors: dict[str, bool] = field(default_factory=registry.defaults)
     gpu_timeout: float = 5.0
     gpu_expected: int | None = None
     disks: list[WatchedPath] = field(default_factory=list)
@@ -101,13 +101,14 @@ def _positive(value: Any, where: str) -> float:
 
 # The file's shape (docs/node.md, deploy/node/node.example.yml). Unknown keys at any
 # depth are errors naming their path: a typo must not start the agent on defaults.
-class CollectorsSection(Section, frozen=True):
-    gpu: bool = True
-    host: bool = True
-    disk: bool = True
-    rendezvous: bool = True
-    ranks: bool = True
-    nccl: bool = True
+if TYPE_CHECKING:
+    class CollectorsSection(Section, frozen=True):
+        """``collectors: {NAME: bool}``, one key per registered collector."""
+else:
+    # Derived from the registry, so a new collector's key needs no edit here.
+    CollectorsSection = msgspec.defstruct(
+        "CollectorsSection", [(e.name, bool, e.default) for e in registry.REGISTRY],
+        bases=(Section,), frozen=True, module=__name__)
 
 
 class GpuSection(Section, frozen=True):
@@ -156,7 +157,7 @@ def apply_file(config: NodeConfig, file: NodeFile, source: str) -> None:
     if file.scrape_timeout_seconds is not None:
         config.scrape_timeout = _positive(file.scrape_timeout_seconds,
                                           f"{source}: scrape_timeout_seconds")
-    config.collectors = {name: getattr(file.collectors, name) for name in COLLECTORS}
+    config.collectors = {name: getattr(file.collectors, name) for name in registry.NAMES}
     if file.gpu.timeout_seconds is not None:
         config.gpu_timeout = _positive(file.gpu.timeout_seconds,
                                        f"{source}: gpu.timeout_seconds")
@@ -226,16 +227,21 @@ def add_node_flags(parser: argparse.ArgumentParser) -> None:
                         metavar="SECONDS", help="deadline for one NVML sample (default 5)")
     parser.add_argument("--scrape.timeout", dest="scrape_timeout", type=float, default=None,
                         metavar="SECONDS", help="deadline for a whole scrape (default 8)")
-    for name in COLLECTORS:
-        parser.add_argument(f"--collector.{name}", dest=f"collector_{name}",
-                            action="store_true", default=None, help=argparse.SUPPRESS)
-        parser.add_argument(f"--no-collector.{name}", dest=f"collector_{name}",
-                            action="store_false", help=f"disable the {name} collector")
+    for entry in registry.REGISTRY:
+        on, off = f"--collector.{entry.name}", f"--no-collector.{entry.name}"
+        parser.add_argument(on, dest=f"collector_{entry.name}", action="store_true",
+                            default=None, help=argparse.SUPPRESS if entry.default else
+                            f"enable the {entry.name} collector: {entry.what}")
+        parser.add_argument(off, dest=f"collector_{entry.name}", action="store_false",
+                            help=f"disable the {entry.name} collector: {entry.what}"
+                            if entry.default else argparse.SUPPRESS)
 
 
 def apply_flags(config: NodeConfig, args: argparse.Namespace) -> None:
+    """Flags replace the file's values. The agent's web and log flags are absent
+    from ``node check``'s parser, which serves nothing and logs nothing."""
     for attr in ("listen_address", "web_config_file", "log_level", "log_format"):
-        if getattr(args, attr) is not None:
+        if getattr(args, attr, None) is not None:
             setattr(config, attr, getattr(args, attr))
     if args.disk or args.disk_mount:
         config.disks = [parse_disk(s) for s in args.disk]
@@ -252,7 +258,7 @@ def apply_flags(config: NodeConfig, args: argparse.Namespace) -> None:
         config.scrape_timeout = _positive(args.scrape_timeout, "--scrape.timeout")
     if args.gpu_expected is not None:
         config.gpu_expected = _count(args.gpu_expected, "--gpu.expected")
-    for name in COLLECTORS:
+    for name in registry.NAMES:
         value = getattr(args, f"collector_{name}")
         if value is not None:
             config.collectors[name] = value

@@ -46,6 +46,8 @@ if TYPE_CHECKING:
     from prometheus_client.core import Metric as MetricFamily
 
     from colossalai_exporter.node.base import Pending
+    from colossalai_exporter.node.collectors import Built
+    from colossalai_exporter.node.config import NodeConfig
 
 REASONS = ("missing", "not_directory", "not_writable", "not_mounted", "permission",
            "timeout", "error")
@@ -224,3 +226,10 @@ class DiskCollector:
 
     def close(self) -> None:
         self._calls.shutdown()
+
+
+def from_config(config: NodeConfig, built: Built) -> DiskCollector | None:
+    """The registry's factory (node/collectors.py): none without a path to watch."""
+    if not config.disks:
+        return None
+    return DiskCollector(config.disks, calls=built.fs_calls)

@@ -22,6 +22,9 @@ from colossalai_exporter.node.oom import vmstat_oom_kills
 if TYPE_CHECKING:
     from prometheus_client.core import Metric as MetricFamily
 
+    from colossalai_exporter.node.collectors import Built
+    from colossalai_exporter.node.config import NodeConfig
+
 MEMINFO = "/proc/meminfo"
 _FIELDS = ("MemTotal", "MemAvailable", "SwapTotal", "SwapFree")
 
@@ -94,3 +97,8 @@ class HostCollector:
 
     def close(self) -> None:
         pass
+
+
+def from_config(config: NodeConfig, built: Built) -> HostCollector:
+    """The registry's factory (node/collectors.py)."""
+    return HostCollector()

@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from prometheus_client.core import Metric as MetricFamily
 
@@ -42,8 +42,10 @@ from colossalai_exporter import catalogue
 from colossalai_exporter.node.base import CollectorError, FuturePending
 
 if TYPE_CHECKING:
-
     from colossalai_exporter.node.base import Pending
+    from colossalai_exporter.node.collectors import Built
+    from colossalai_exporter.node.config import NodeConfig
+    from colossalai_exporter.node.ranks import RanksCollector
 
 DEFAULT_HOST: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 28028
@@ -395,3 +397,13 @@ def node_addresses() -> frozenset[str]:
             if entry.family in (socket.AF_INET, socket.AF_INET6):
                 addresses.add(entry.address.split("%", 1)[0])
     return frozenset(addresses)
+
+
+def from_config(config: NodeConfig, built: Built) -> NcclRasCollector:
+    """The registry's factory (node/collectors.py). The ranks collector's pids name the
+    local ranks in NCCL's answers; without it, none is named."""
+    ranks = cast("RanksCollector | None", built.collectors.get("ranks"))
+    return NcclRasCollector(
+        config.nccl_ras.host, config.nccl_ras.port, config.nccl_timeout,
+        local_ranks=ranks.local_pids if ranks is not None else dict,
+        local_world=ranks.local_world if ranks is not None else lambda: None)

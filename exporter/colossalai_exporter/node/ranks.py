@@ -51,6 +51,7 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 from prometheus_client.core import Metric as MetricFamily
@@ -68,6 +69,10 @@ from colossalai_exporter.rankstate.files import (
     read_snapshot,
 )
 from colossalai_exporter.rankstate.schema import ERROR_REASONS, Snapshot, SnapshotError
+
+if TYPE_CHECKING:
+    from colossalai_exporter.node.collectors import Built
+    from colossalai_exporter.node.config import NodeConfig
 
 log = logging.getLogger("colossalai_exporter.node")
 
@@ -306,3 +311,8 @@ class RanksCollector:
     def close(self) -> None:
         # A reader stuck in the kernel cannot be joined; it ends with the process.
         self._calls.shutdown()
+
+
+def from_config(config: NodeConfig, built: Built) -> RanksCollector:
+    """The registry's factory (node/collectors.py)."""
+    return RanksCollector(config.ranks_run_dir, calls=built.fs_calls)

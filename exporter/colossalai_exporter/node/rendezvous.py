@@ -36,6 +36,8 @@ if TYPE_CHECKING:
     from prometheus_client.core import Metric as MetricFamily
 
     from colossalai_exporter.node.base import Pending
+    from colossalai_exporter.node.collectors import Built
+    from colossalai_exporter.node.config import NodeConfig
 
 REASONS = ("refused", "timeout", "dns", "unreachable", "error")
 
@@ -256,3 +258,10 @@ class RendezvousCollector:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def from_config(config: NodeConfig, built: Built) -> RendezvousCollector | None:
+    """The registry's factory (node/collectors.py): none without a target."""
+    if not config.rendezvous:
+        return None
+    return RendezvousCollector(config.rendezvous, config.rendezvous_timeout)

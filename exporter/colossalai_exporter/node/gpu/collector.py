@@ -34,7 +34,7 @@ import select
 import subprocess
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from prometheus_client.core import Metric as MetricFamily
 
@@ -59,6 +59,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from colossalai_exporter.node.base import Pending
+    from colossalai_exporter.node.collectors import Built
+    from colossalai_exporter.node.config import NodeConfig
+    from colossalai_exporter.node.ranks import RanksCollector
 
 
 # How soon a scrape waiting on the event loop looks again at a pipe it could not read.
@@ -559,3 +562,12 @@ if TYPE_CHECKING:
 
     def _implements_node_collector(collector: GpuCollector) -> NodeCollector:
         return collector  # mypy checks GpuCollector against the protocol here
+
+
+def from_config(config: NodeConfig, built: Built) -> GpuCollector:
+    """The registry's factory (node/collectors.py). It owns ``built.gpu_worker`` (started
+    early by the CLI) from here on; the ranks collector's pids name the rank on each GPU."""
+    ranks = cast("RanksCollector | None", built.collectors.get("ranks"))
+    return GpuCollector(timeout=config.gpu_timeout, expected=config.gpu_expected,
+                        worker=built.gpu_worker,
+                        local_ranks=ranks.local_pids if ranks is not None else None)
