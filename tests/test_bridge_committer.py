@@ -18,7 +18,7 @@ import pytest
 
 from bridge_payloads import alert, body
 from colossalai_exporter.bridge.committer import GroupCommitter
-from colossalai_exporter.bridge.config import Delivery, validate
+from colossalai_exporter.bridge.config import RetryPolicy, validate
 from colossalai_exporter.bridge.metrics import BridgeStats
 from colossalai_exporter.bridge.store import (
     Enqueue,
@@ -158,7 +158,7 @@ def _webhook_worker(store: Store, url: str) -> TargetWorker:
         {"name": "hook", "type": "webhook", "url": url, "timeout": "2s"}],
         "delivery": {"initial_backoff": "1h", "max_backoff": "1h"}})
     assert problems == [] and config is not None
-    return TargetWorker(config.targets[0], store, Delivery(initial_backoff=3600,
+    return TargetWorker(config.targets[0], store, RetryPolicy(initial_backoff=3600,
                                                            max_backoff=3600), BridgeStats())
 
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from bridge_payloads import alert, body
-from colossalai_exporter.bridge.config import Endpoint, TLSSettings, validate
+from colossalai_exporter.bridge.config import HttpCall, TLSSettings, validate
 from colossalai_exporter.bridge.sender import new_session, send
 from conftest import openssl, run_cli, wait_until
 from fake_vigilmon import FakeVigilmon, fake_vigilmon
@@ -276,7 +276,7 @@ def test_check_warns_about_insecure_skip_verify_and_paths_are_relative_to_the_co
 def test_a_tls_file_gone_after_start_is_a_tls_result_not_a_crash(tmp_path: Path) -> None:
     """requests raises a bare OSError (outside its exceptions) for a missing ca_file;
     the worker thread must get a result, not an exception that would end it."""
-    endpoint = Endpoint(url="https://127.0.0.1:9/api/heartbeat/secret-token", timeout=2.0,
+    endpoint = HttpCall(url="https://127.0.0.1:9/api/heartbeat/secret-token", timeout=2.0,
                         tls=TLSSettings(ca_file=str(tmp_path / "gone.crt")))
     with new_session(endpoint.tls) as session:
         result = send(session, endpoint)
@@ -305,11 +305,11 @@ def test_insecure_skip_verify_silences_the_warning_for_its_host_only() -> None:
         return False
 
     with warnings.catch_warnings():
-        endpoint_session(Endpoint(url="https://lab.example:8443/hook",
+        endpoint_session(HttpCall(url="https://lab.example:8443/hook",
                                   tls=TLSSettings(insecure_skip_verify=True))).close()
-        endpoint_session(Endpoint(url="https://[fd00::1]/hook",
+        endpoint_session(HttpCall(url="https://[fd00::1]/hook",
                                   tls=TLSSettings(insecure_skip_verify=True))).close()
-        endpoint_session(Endpoint(url="https://verified.example/hook",
+        endpoint_session(HttpCall(url="https://verified.example/hook",
                                   tls=TLSSettings())).close()
         assert silenced("lab.example")
         assert silenced("fd00::1") and silenced("[fd00::1]")

@@ -11,7 +11,7 @@ import pytest
 from bridge_payloads import alert, body, notification
 from colossalai_exporter.bridge import signing
 from colossalai_exporter.bridge.alertmanager import PayloadError, parse_notification
-from colossalai_exporter.bridge.config import Delivery, parse_duration, validate
+from colossalai_exporter.bridge.config import RetryPolicy, parse_duration, validate
 from colossalai_exporter.bridge.ingest import dedup_key, plan
 from colossalai_exporter.bridge.matchers import MatcherError, parse_matcher
 from colossalai_exporter.bridge.sender import parse_retry_after
@@ -183,7 +183,7 @@ def test_durations_and_retry_after() -> None:
 
 
 def test_backoff_is_exponential_with_bounded_jitter() -> None:
-    settings = Delivery(initial_backoff=1.0, max_backoff=60.0)
+    settings = RetryPolicy(initial_backoff=1.0, max_backoff=60.0)
     assert [backoff_delay(n, settings, rand=lambda: 0.0) for n in (1, 2, 3, 4)] == [
         0.5, 1.0, 2.0, 4.0]
     assert backoff_delay(3, settings, rand=lambda: 1.0) == 4.0
@@ -323,7 +323,7 @@ def test_a_delivery_worker_survives_its_own_bug(tmp_path: Path, caplog: pytest.L
 
         store.next_delivery = buggy_once  # type: ignore[method-assign]
         stats = BridgeStats()
-        worker = TargetWorker(config.targets[0], store, Delivery(), stats)
+        worker = TargetWorker(config.targets[0], store, RetryPolicy(), stats)
         with caplog.at_level("ERROR", logger="colossalai_exporter.bridge.workers"):
             worker.start()
             try:

@@ -73,5 +73,5 @@ def setup_logging(level: str = "info", fmt: str = "logfmt") -> None:
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
     # urllib3 (under requests, in the bridge's sender) logs each request's URL at debug
     # and a retried one's path at warning; a heartbeat URL carries its token there. The
-    # bridge logs its own deliveries, with the URL redacted (Endpoint.redacted).
+    # bridge logs its own deliveries, with the URL redacted (HttpCall.redacted).
     logging.getLogger("urllib3").setLevel(logging.ERROR)

@@ -60,7 +60,7 @@ class TLSSettings(configfile.TLSClient, frozen=True):
 
 
 @dataclass(frozen=True)
-class Endpoint:
+class HttpCall:
     """Where and how one kind of request goes. ``url`` is secret: never log it."""
 
     url: str
@@ -80,10 +80,10 @@ class Endpoint:
 class Target:
     name: str
     kind: str
-    endpoint: Endpoint
+    endpoint: HttpCall
     selector: tuple[Matcher, ...] = ()
     # heartbeat
-    fail_endpoint: Endpoint | None = None
+    fail_endpoint: HttpCall | None = None
     ttl: float = 300.0
     min_interval: float = 0.0
     period: float = 300.0
@@ -103,7 +103,7 @@ class Target:
 
 
 @dataclass(frozen=True)
-class Delivery:
+class RetryPolicy:
     initial_backoff: float = 1.0
     max_backoff: float = 300.0
     max_retry_after: float = 600.0
@@ -116,7 +116,7 @@ class BridgeConfig:
     bearer_token: str | None = field(default=None, repr=False)
     max_body_bytes: int = 4 << 20
     body_timeout: float = 10.0
-    delivery: Delivery = Delivery()
+    delivery: RetryPolicy = RetryPolicy()
     unhealthy_after_periods: float = 3.0
     source: Path | None = None
     # Settings that are valid but weaken something (insecure_skip_verify): `bridge check`
@@ -292,7 +292,7 @@ def _tls(data: Any, where: str, problems: _Problems) -> TLSSettings:
 
 
 def _endpoint(section: _Section, default_method: str, *, required: bool = True,
-              inherit: Endpoint | None = None) -> Endpoint | None:
+              inherit: HttpCall | None = None) -> HttpCall | None:
     """An endpoint from its section; what the section leaves out comes from ``inherit``.
 
     ``inherit`` is the target's own endpoint when this is its fail URL: the fail
@@ -344,7 +344,7 @@ def _endpoint(section: _Section, default_method: str, *, required: bool = True,
         headers = (*inherited, *headers_value.items())
     timeout = section.duration("timeout", inherit.timeout if inherit is not None else 10.0,
                                positive=True)
-    return Endpoint(url=url, method=method, timeout=timeout, success_codes=codes,
+    return HttpCall(url=url, method=method, timeout=timeout, success_codes=codes,
                     headers=headers, tls=tls)
 
 
@@ -439,7 +439,7 @@ def _validate(data: Any, source: Path | None) -> tuple[BridgeConfig | None, _Pro
     body_timeout = receiver.duration("body_timeout", 10.0, positive=True)
     delivery_section = _Section(root.data.get("delivery"), "delivery", problems,
                                 {"initial_backoff", "max_backoff", "max_retry_after"})
-    delivery = Delivery(
+    delivery = RetryPolicy(
         initial_backoff=delivery_section.duration("initial_backoff", 1.0, positive=True),
         max_backoff=delivery_section.duration("max_backoff", 300.0, positive=True),
         max_retry_after=delivery_section.duration("max_retry_after", 600.0, positive=True),

@@ -27,7 +27,7 @@ import urllib3
 from requests.adapters import DEFAULT_POOLBLOCK, HTTPAdapter
 
 from colossalai_exporter import outbound
-from colossalai_exporter.bridge.config import Endpoint, TLSSettings
+from colossalai_exporter.bridge.config import HttpCall, TLSSettings
 from colossalai_exporter.configfile import TLS_VERSIONS, ssl_error_text
 from colossalai_exporter.version import __version__
 
@@ -92,7 +92,7 @@ def new_session(tls: TLSSettings | None = None, host: str | None = None) -> requ
     return session
 
 
-def endpoint_session(endpoint: Endpoint) -> requests.Session:
+def endpoint_session(endpoint: HttpCall) -> requests.Session:
     """:func:`new_session` for one endpoint's TLS block and host."""
     return new_session(endpoint.tls, urlsplit(endpoint.url).hostname)
 
@@ -138,7 +138,7 @@ def parse_retry_after(value: str | None, now: float | None = None) -> float | No
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-def send(session: requests.Session, endpoint: Endpoint, body: bytes | None = None,
+def send(session: requests.Session, endpoint: HttpCall, body: bytes | None = None,
          headers: dict[str, str] | None = None) -> SendResult:
     all_headers = {"User-Agent": USER_AGENT, **dict(endpoint.headers), **(headers or {})}
     if body is not None:

@@ -23,8 +23,7 @@ from collections.abc import Callable
 
 from colossalai_exporter.bridge import payload, signing
 from colossalai_exporter.bridge.alertmanager import PayloadError, parse_notification
-from colossalai_exporter.bridge.config import Delivery as DeliverySettings
-from colossalai_exporter.bridge.config import Target
+from colossalai_exporter.bridge.config import RetryPolicy, Target
 from colossalai_exporter.bridge.metrics import BridgeStats
 from colossalai_exporter.bridge.sender import SendResult, endpoint_session, send
 from colossalai_exporter.bridge.store import Delivery, Store, StoreError
@@ -33,7 +32,7 @@ log = logging.getLogger(__name__)
 IDLE_POLL_SECONDS = 1.0  # also how soon `bridge outbox retry` from another process is seen
 
 
-def backoff_delay(attempt: int, settings: DeliverySettings,
+def backoff_delay(attempt: int, settings: RetryPolicy,
                   rand: Callable[[], float] = random.random) -> float:
     """Exponential backoff with "equal jitter": half fixed, half random.
 
@@ -53,7 +52,7 @@ def message_id(delivery: Delivery, body: bytes) -> str:
 class TargetWorker:
     """Drains one target's outbox until stopped."""
 
-    def __init__(self, target: Target, store: Store, settings: DeliverySettings,
+    def __init__(self, target: Target, store: Store, settings: RetryPolicy,
                  stats: BridgeStats, clock: Callable[[], float] = time.time) -> None:
         self.target = target
         self._store = store

@@ -64,8 +64,8 @@ class CollectorEntry:
 
 _NODE = "colossalai_exporter.node"
 REGISTRY: tuple[CollectorEntry, ...] = (
-    CollectorEntry("gpu", "GPUs through NVML in a worker process", f"{_NODE}.gpu.collector:from_config",
-                   uses=("ranks",)),
+    CollectorEntry("gpu", "GPUs through NVML in a worker process",
+                   f"{_NODE}.gpu.collector:from_config", uses=("ranks",)),
     CollectorEntry("host", "host memory, swap and OOM kills", f"{_NODE}.host:from_config"),
     CollectorEntry("disk", "the watched checkpoint and offload paths",
                    f"{_NODE}.disk:from_config"),

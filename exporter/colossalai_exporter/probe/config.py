@@ -150,24 +150,6 @@ class ProbeConfig:
     modules: dict[str, Module] = field(default_factory=lambda: dict(BUILTIN_MODULES))
 
 
-def parse_duration(value: Any, where: str) -> float:
-    """``5s``, ``500ms``, ``1m``, ``1m30s`` or a number of seconds (the config layer's
-    grammar, configfile.parse_duration); positive."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{where} must be a duration like 5s, got {value!r}")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    else:
-        try:
-            seconds = configfile.parse_duration(str(value))
-        except ValueError:
-            raise ConfigError(f"{where} must be a duration like 5s, 500ms or 1m, "
-                              f"got {value!r}") from None
-    if seconds <= 0:
-        raise ConfigError(f"{where} must be positive, got {value!r}")
-    return seconds
-
-
 # The file's shape (deploy/probe/probe.example.yml). Module keys follow blackbox
 # exporter's; unknown keys at any depth are errors naming their path.
 class JsonCheckSection(Section, frozen=True):

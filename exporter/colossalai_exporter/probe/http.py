@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from colossalai_exporter.configfile import secret_from_file
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.probe.config import TLSOptions
-from colossalai_exporter.probe.targets import Address, Target
+from colossalai_exporter.probe.targets import Address, ProbeTarget
 from colossalai_exporter.version import __version__
 
 PHASES = ("resolve", "connect", "tls", "processing", "transfer")
@@ -49,7 +49,7 @@ class HttpResult:
 
 
 @dataclass
-class Session:
+class ProbeProgress:
     """State of one probe: phase timings, what it learnt, and a way to abort it.
 
     ``abort()`` is called from the request handler when the probe's deadline has
@@ -98,21 +98,21 @@ def _connect_error(exc: OSError, address: Address) -> ProbeFailure:
     return ProbeFailure("connection", f"connecting to {where} failed: {exc}")
 
 
-def connect(session: Session, address: Address) -> socket.socket:
+def connect(progress: ProbeProgress, address: Address) -> socket.socket:
     """A TCP connection to ``address`` within the deadline (phase ``connect``)."""
     started = time.monotonic()
     sock = socket.socket(address.family, socket.SOCK_STREAM)
-    session._track(sock)
+    progress._track(sock)
     try:
-        sock.settimeout(session.remaining())
+        sock.settimeout(progress.remaining())
         sock.connect(address.sockaddr)
     except OSError as exc:
         sock.close()
-        if session.aborted:
+        if progress.aborted:
             raise ProbeFailure("timeout", "the probe's deadline passed while connecting") from None
         raise _connect_error(exc, address) from None
     finally:
-        session.add("connect", started)
+        progress.add("connect", started)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
 
@@ -122,13 +122,13 @@ def tls_context(options: TLSOptions) -> ssl.SSLContext:
     return options.context()
 
 
-def handshake(session: Session, sock: socket.socket, target: Target,
+def handshake(progress: ProbeProgress, sock: socket.socket, target: ProbeTarget,
               options: TLSOptions) -> ssl.SSLSocket:
     """TLS over ``sock`` (phase ``tls``); reason ``tls`` for every handshake failure."""
     started = time.monotonic()
     name = options.server_name or target.host
     try:
-        sock.settimeout(session.remaining())
+        sock.settimeout(progress.remaining())
         tls_sock = tls_context(options).wrap_socket(sock, server_hostname=name)
     except ssl.SSLCertVerificationError as exc:
         sock.close()
@@ -139,19 +139,19 @@ def handshake(session: Session, sock: socket.socket, target: Target,
         raise ProbeFailure("timeout", "TLS handshake timed out") from None
     except (ssl.SSLError, OSError) as exc:
         sock.close()
-        if session.aborted:
+        if progress.aborted:
             raise ProbeFailure("timeout", "the probe's deadline passed during TLS") from None
         # A plain-HTTP server answering a ClientHello, or closing on it, lands here too.
         raise ProbeFailure("tls", f"TLS handshake with {name} failed: {exc}") from None
     finally:
-        session.add("tls", started)
-    session._track(tls_sock)
-    session.tls_used = True
+        progress.add("tls", started)
+    progress._track(tls_sock)
+    progress.tls_used = True
     if not options.insecure_skip_verify:
         cert = tls_sock.getpeercert()
         not_after = cert.get("notAfter") if cert else None
         if isinstance(not_after, str):
-            session.cert_expiry = float(ssl.cert_time_to_seconds(not_after))
+            progress.cert_expiry = float(ssl.cert_time_to_seconds(not_after))
     return tls_sock
 
 
@@ -167,13 +167,13 @@ def _header_values(headers: tuple[tuple[str, str], ...],
     return values
 
 
-def _read_body(session: Session, sock: socket.socket, response: http.client.HTTPResponse,
+def _read_body(progress: ProbeProgress, sock: socket.socket, response: http.client.HTTPResponse,
                max_body_bytes: int) -> tuple[bytes, bool]:
     """The body up to ``max_body_bytes``, each read bounded by the deadline."""
     chunks: list[bytes] = []
     size = 0
     while size < max_body_bytes:
-        sock.settimeout(session.remaining())
+        sock.settimeout(progress.remaining())
         chunk = response.read1(min(65536, max_body_bytes - size))
         if not chunk:
             return b"".join(chunks), False
@@ -182,7 +182,7 @@ def _read_body(session: Session, sock: socket.socket, response: http.client.HTTP
     return b"".join(chunks), not response.isclosed()
 
 
-def _failure(exc: Exception, phase: str, session: Session) -> ProbeFailure:
+def _failure(exc: Exception, phase: str, progress: ProbeProgress) -> ProbeFailure:
     """Classify an exception raised while talking HTTP in ``phase``."""
     if isinstance(exc, ProbeFailure):
         return exc
@@ -191,7 +191,7 @@ def _failure(exc: Exception, phase: str, session: Session) -> ProbeFailure:
                             f"(phase {phase})")
     if isinstance(exc, ssl.SSLError):
         return ProbeFailure("tls", f"TLS error during {phase}: {exc}")
-    if session.aborted:
+    if progress.aborted:
         return ProbeFailure("timeout", f"the probe's deadline passed (phase {phase})")
     if isinstance(exc, http.client.RemoteDisconnected | ConnectionError):
         return ProbeFailure("connection", f"connection lost during {phase}: {exc}")
@@ -200,35 +200,36 @@ def _failure(exc: Exception, phase: str, session: Session) -> ProbeFailure:
     return ProbeFailure("connection", f"socket error during {phase}: {exc}")
 
 
-def request(session: Session, address: Address, target: Target, *, method: str, path: str,
+def request(progress: ProbeProgress, address: Address, target: ProbeTarget, *, method: str,
+            path: str,
             headers: tuple[tuple[str, str], ...] = (),
             header_files: tuple[tuple[str, str], ...] = (), body: bytes | None = None,
             tls: TLSOptions | None = None, max_body_bytes: int = 1 << 20) -> HttpResult:
-    """One request on a fresh connection; phases add to ``session.phases``."""
+    """One request on a fresh connection; phases add to ``progress.phases``."""
     values = _header_values(headers, header_files)
-    sock: socket.socket = connect(session, address)
+    sock: socket.socket = connect(progress, address)
     if target.tls:
-        sock = handshake(session, sock, target, tls or TLSOptions())
+        sock = handshake(progress, sock, target, tls or TLSOptions())
     conn = http.client.HTTPConnection(target.host, target.port)
     conn.sock = sock
     values["Host"] = target.host_header()
     values["Connection"] = "close"
     phase, started = "processing", time.monotonic()
     try:
-        sock.settimeout(session.remaining())
+        sock.settimeout(progress.remaining())
         conn.request(method, path, body=body, headers=values)
         response = conn.getresponse()
-        session.add(phase, started)
-        session.status_code = response.status
+        progress.add(phase, started)
+        progress.status_code = response.status
         phase, started = "transfer", time.monotonic()
-        data, truncated = _read_body(session, sock, response, max_body_bytes)
-        session.add(phase, started)
-        session.body_length = len(data)
+        data, truncated = _read_body(progress, sock, response, max_body_bytes)
+        progress.add(phase, started)
+        progress.body_length = len(data)
         return HttpResult(response.status, data, truncated,
                           {k.lower(): v for k, v in response.getheaders()})
     except (ProbeFailure, OSError, http.client.HTTPException) as exc:
-        session.add(phase, started)
-        raise _failure(exc, phase, session) from None
+        progress.add(phase, started)
+        raise _failure(exc, phase, progress) from None
     finally:
-        session._track(None)
+        progress._track(None)
         conn.close()

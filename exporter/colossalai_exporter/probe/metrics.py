@@ -40,18 +40,18 @@ def outcome_families(outcome: Outcome) -> list[Metric]:
     if outcome.reason is not None:
         failure.add_metric([], {"reason": outcome.reason})
     families.append(failure)
-    session = outcome.session
-    if outcome.http and session is not None:
-        families.append(_gauge("probe_http_status_code", value=float(session.status_code)))
+    progress = outcome.progress
+    if outcome.http and progress is not None:
+        families.append(_gauge("probe_http_status_code", value=float(progress.status_code)))
         phases = catalogue.gauge("probe_http_duration_seconds")
         for phase in PHASES:
-            phases.add_metric([phase], session.phases[phase])
+            phases.add_metric([phase], progress.phases[phase])
         families.append(phases)
-        families.append(_gauge("probe_http_ssl", value=1.0 if session.tls_used else 0.0))
+        families.append(_gauge("probe_http_ssl", value=1.0 if progress.tls_used else 0.0))
         families.append(_gauge("probe_http_uncompressed_body_length",
-                                value=float(session.body_length)))
-    if session is not None and session.cert_expiry is not None:
-        families.append(_gauge("probe_ssl_earliest_cert_expiry", value=session.cert_expiry))
+                                value=float(progress.body_length)))
+    if progress is not None and progress.cert_expiry is not None:
+        families.append(_gauge("probe_ssl_earliest_cert_expiry", value=progress.cert_expiry))
     steps = catalogue.gauge("colossalai_probe_step_success")
     for step, ok in outcome.steps:
         steps.add_metric([step], 1.0 if ok else 0.0)

@@ -15,13 +15,13 @@ from typing import Any
 
 from colossalai_exporter.probe import http
 from colossalai_exporter.probe.config import HttpOptions, JsonCheck, Module
-from colossalai_exporter.probe.http import HttpResult, ProbeFailure, Session
+from colossalai_exporter.probe.http import HttpResult, ProbeFailure, ProbeProgress
 from colossalai_exporter.probe.targets import (
     Address,
     AllowList,
     NotAllowed,
+    ProbeTarget,
     ResolveError,
-    Target,
     resolve,
 )
 
@@ -39,7 +39,7 @@ class Outcome:
     dns_seconds: float = 0.0
     ip_protocol: int = 0
     steps: list[tuple[str, bool]] = field(default_factory=list)
-    session: Session | None = None
+    progress: ProbeProgress | None = None
     log: list[str] = field(default_factory=list)
     http: bool = True
 
@@ -47,19 +47,19 @@ class Outcome:
 class Probe:
     """One probe run: ``execute()`` in a worker thread, ``abort()`` from the handler."""
 
-    def __init__(self, module: Module, target: Target, allow: AllowList, timeout: float,
+    def __init__(self, module: Module, target: ProbeTarget, allow: AllowList, timeout: float,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.module = module
         self.target = target
         self.allow = allow
         self.timeout = timeout
         self.started = clock()
-        self.session = Session(deadline=self.started + timeout)
-        self.outcome = Outcome(module.name, target.raw, session=self.session,
+        self.progress = ProbeProgress(deadline=self.started + timeout)
+        self.outcome = Outcome(module.name, target.raw, progress=self.progress,
                                http=module.prober != "tcp")
 
     def abort(self) -> None:
-        self.session.abort()
+        self.progress.abort()
 
     def note(self, text: str) -> None:
         offset = time.monotonic() - self.started
@@ -82,7 +82,7 @@ class Probe:
         except NotAllowed:
             raise
         except ProbeFailure as exc:
-            if self.session.aborted and exc.reason != "timeout":
+            if self.progress.aborted and exc.reason != "timeout":
                 exc = ProbeFailure("timeout", f"the probe's deadline passed ({exc.message})")
             outcome.reason, outcome.message = exc.reason, exc.message
             self.note(f"probe failed: reason={exc.reason}: {exc.message}")
@@ -93,12 +93,12 @@ class Probe:
     def _resolve(self) -> list[Address]:
         started = time.monotonic()
         try:
-            addresses = resolve(self.target.host, self.target.port, self.session.remaining())
+            addresses = resolve(self.target.host, self.target.port, self.progress.remaining())
         except ResolveError as exc:
             raise ProbeFailure("dns", str(exc)) from None
         finally:
             self.outcome.dns_seconds = time.monotonic() - started
-            self.session.add("resolve", started)
+            self.progress.add("resolve", started)
         self.note(f"resolved {self.target.host} to {', '.join(str(a.ip) for a in addresses)}")
         return addresses
 
@@ -113,7 +113,7 @@ class Probe:
         self.note(f"step {name}: {method or options.method} {full_path}")
         try:
             result = http.request(
-                self.session, address, self.target, method=method or options.method,
+                self.progress, address, self.target, method=method or options.method,
                 path=full_path, headers=options.headers, header_files=options.header_files,
                 body=options.body if (method or options.method) not in ("GET", "HEAD") else None,
                 tls=options.tls, max_body_bytes=options.max_body_bytes)
@@ -169,15 +169,15 @@ def run_http(probe: Probe, address: Address) -> None:
 
 
 def run_tcp(probe: Probe, address: Address) -> None:
-    sock = http.connect(probe.session, address)
+    sock = http.connect(probe.progress, address)
     try:
         if probe.module.tcp_tls:
-            sock = http.handshake(probe.session, sock, probe.target, probe.module.http.tls)
+            sock = http.handshake(probe.progress, sock, probe.target, probe.module.http.tls)
     except ProbeFailure:
         probe.step("connect", False)
         raise
     finally:
-        probe.session._track(None)
+        probe.progress._track(None)
         sock.close()
     probe.note(f"connected to {address.ip}:{address.port}")
     probe.step("connect", True)

@@ -37,7 +37,7 @@ class ResolveError(Exception):
 
 
 @dataclass(frozen=True)
-class Target:
+class ProbeTarget:
     """A parsed target: ``scheme`` is http, https or tcp; ``path`` is a prefix for HTTP."""
 
     raw: str
@@ -71,7 +71,7 @@ def _port(text: str, raw: str) -> int:
     return int(text)
 
 
-def parse_target(raw: str, kind: str) -> Target:
+def parse_target(raw: str, kind: str) -> ProbeTarget:
     """``kind`` is ``tcp`` (HOST:PORT) or ``http`` (a URL; ``http://`` is assumed when absent)."""
     raw = raw.strip()
     if not raw or any(c.isspace() for c in raw):
@@ -81,7 +81,7 @@ def parse_target(raw: str, kind: str) -> Target:
         host = host.strip("[]") if host.startswith("[") else host
         if not sep or not host or "/" in raw:
             raise BadTarget(f"target {raw!r} must be HOST:PORT for a tcp module")
-        return Target(raw, "tcp", host.lower(), _port(port, raw))
+        return ProbeTarget(raw, "tcp", host.lower(), _port(port, raw))
     url = raw if "://" in raw else "http://" + raw
     try:
         parts = urlsplit(url)
@@ -97,7 +97,7 @@ def parse_target(raw: str, kind: str) -> Target:
     if not parts.hostname:
         raise BadTarget(f"target {raw!r} has no host")
     default = 443 if parts.scheme == "https" else 80
-    return Target(raw, parts.scheme, parts.hostname.lower(), url_port or default,
+    return ProbeTarget(raw, parts.scheme, parts.hostname.lower(), url_port or default,
                   parts.path, parts.query)
 
 
@@ -178,7 +178,7 @@ class AllowList:
             return True
         return any(ip.version == net.version and ip in net for net in self.networks)
 
-    def filter(self, target: Target, addresses: list[Address]) -> list[Address]:
+    def filter(self, target: ProbeTarget, addresses: list[Address]) -> list[Address]:
         """The addresses the probe may connect to; NotAllowed when there is none."""
         if self.ports and target.port not in self.ports:
             raise NotAllowed(f"port {target.port} is not in allow.ports "
