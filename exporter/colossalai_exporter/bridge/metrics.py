@@ -24,9 +24,9 @@ from colossalai_exporter.bridge.store import Store, StoreError
 # Every reason a notification can be refused for (label values pre-created at 0).
 # bad_request and head_too_large are refused by the HTTP layer, before a path is
 # known: they count requests to any path of the bridge.
-REJECT_REASONS = ("bad_request", "head_too_large", "unauthorized", "unsupported_media_type",
-                  "too_large", "body_timeout", "method_not_allowed", "store_unavailable",
-                  *PAYLOAD_REASONS)
+REFUSED_NOTIFICATION_REASONS = (
+    "bad_request", "head_too_large", "unauthorized", "unsupported_media_type", "too_large",
+    "body_timeout", "method_not_allowed", "store_unavailable", *PAYLOAD_REASONS)
 DROP_REASONS = ("superseded", "expired")
 
 
@@ -48,7 +48,7 @@ class BridgeStats:
 
     def add_rejected(self, reason: str) -> None:
         with self._lock:
-            self.rejected[reason if reason in REJECT_REASONS else "other"] += 1
+            self.rejected[reason if reason in REFUSED_NOTIFICATION_REASONS else "other"] += 1
 
     def add_delivery(self, target: str, result: str) -> None:
         with self._lock:
@@ -90,7 +90,7 @@ class BridgeCollector(Collector):
         fam.add_metric([], received)
         yield fam
         fam = catalogue.counter("colossalai_bridge_notifications_rejected_total")
-        for reason in sorted(set(REJECT_REASONS) | set(rejected)):
+        for reason in sorted(set(REFUSED_NOTIFICATION_REASONS) | set(rejected)):
             fam.add_metric([reason], rejected.get(reason, 0))
         yield fam
         fam = catalogue.counter("colossalai_bridge_deliveries_total")

@@ -29,6 +29,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Match
 
 from colossalai_exporter import catalogue
+from colossalai_exporter.histograms import LabelledHistogram
 from colossalai_exporter.web.exposition import encode
 from colossalai_exporter.web.metrics import compress
 
@@ -54,7 +55,7 @@ class ChatMetrics(Collector):
         self.requests: Counter[tuple[str, str, str]] = Counter()
         self.errors: Counter[tuple[str, str, str]] = Counter()
         self.in_flight: Counter[tuple[str, str]] = Counter()
-        self._hist: dict[tuple[str, str], tuple[list[int], float, int]] = {}
+        self._durations = LabelledHistogram(BUCKETS)  # by route and method
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
         self.registry.register(ProcessCollector(registry=None))
@@ -84,28 +85,19 @@ class ChatMetrics(Collector):
                 self.errors[route, method, "exception"] += 1
             elif status >= 500:
                 self.errors[route, method, "status_5xx"] += 1
-            buckets, total, count = self._hist.get((route, method), ([0] * len(BUCKETS), 0.0, 0))
-            for i, bound in enumerate(BUCKETS):
-                if seconds <= bound:
-                    buckets[i] += 1
-            self._hist[route, method] = (buckets, total + seconds, count + 1)
+            self._durations.observe((route, method), seconds)
 
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             requests = dict(self.requests)
             errors = dict(self.errors)
             in_flight = dict(self.in_flight)
-            hist = {k: (list(v[0]), v[1], v[2]) for k, v in self._hist.items()}
+            durations = self._durations.snapshot()
         fam = catalogue.counter("colossalai_chat_requests_total")
         for labels, value in sorted(requests.items()):
             fam.add_metric(list(labels), value)
         yield fam
-        durations = catalogue.histogram("colossalai_chat_request_duration_seconds")
-        for (route, method), (buckets, total, count) in sorted(hist.items()):
-            pairs = [(repr(b), float(n)) for b, n in zip(BUCKETS, buckets, strict=True)]
-            pairs.append(("+Inf", float(count)))
-            durations.add_metric([route, method], pairs, total)
-        yield durations
+        yield self._durations.family("colossalai_chat_request_duration_seconds", durations)
         flying = catalogue.gauge("colossalai_chat_requests_in_flight")
         for pair, value in sorted(in_flight.items()):
             flying.add_metric(list(pair), value)

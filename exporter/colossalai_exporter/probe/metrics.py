@@ -11,13 +11,14 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from colossalai_exporter import catalogue
+from colossalai_exporter.histograms import LabelledHistogram
 from colossalai_exporter.probe.config import REASONS
 from colossalai_exporter.probe.http import PHASES
 from colossalai_exporter.probe.modules import Outcome
 from colossalai_exporter.web.exposition import CollectedFamilies
 
-REJECT_REASONS = ("missing_target", "bad_target", "missing_module", "unknown_module",
-                  "bad_timeout", "not_allowed", "busy")
+REFUSED_PROBE_REASONS = ("missing_target", "bad_target", "missing_module", "unknown_module",
+                         "bad_timeout", "not_allowed", "busy")
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
@@ -75,8 +76,7 @@ class ProberStats(Collector):
         self.probes: Counter[tuple[str, str]] = Counter()
         self.rejected: Counter[str] = Counter()
         self.in_flight = 0
-        # module -> (bucket counts, sum, count)
-        self._hist: dict[str, tuple[list[int], float, int]] = {}
+        self._durations = LabelledHistogram(DURATION_BUCKETS)  # by module
 
     def started(self) -> None:
         with self._lock:
@@ -87,12 +87,7 @@ class ProberStats(Collector):
             self.in_flight -= 1
             result = "success" if outcome.success else (outcome.reason or "unknown")
             self.probes[outcome.module, result] += 1
-            buckets, total, count = self._hist.get(outcome.module,
-                                                   ([0] * len(DURATION_BUCKETS), 0.0, 0))
-            for i, bound in enumerate(DURATION_BUCKETS):
-                if outcome.duration <= bound:
-                    buckets[i] += 1
-            self._hist[outcome.module] = (buckets, total + outcome.duration, count + 1)
+            self._durations.observe((outcome.module,), outcome.duration)
 
     def cancelled(self) -> None:
         """A probe that ended without an outcome (NotAllowed after resolution)."""
@@ -108,24 +103,18 @@ class ProberStats(Collector):
             probes = dict(self.probes)
             rejected = dict(self.rejected)
             in_flight = self.in_flight
-            hist = {k: (list(v[0]), v[1], v[2]) for k, v in self._hist.items()}
+            durations = self._durations.snapshot()
         fam = catalogue.counter("colossalai_probe_probes_total")
         keys = {(m, r) for m in self._modules for r in ("success", *REASONS)} | set(probes)
         for module, result in sorted(keys):
             fam.add_metric([module, result], probes.get((module, result), 0))
         yield fam
         fam = catalogue.counter("colossalai_probe_rejected_total")
-        for reason in sorted(set(REJECT_REASONS) | set(rejected)):
+        for reason in sorted(set(REFUSED_PROBE_REASONS) | set(rejected)):
             fam.add_metric([reason], rejected.get(reason, 0))
         yield fam
-        durations = catalogue.histogram("colossalai_probe_duration_seconds")
-        for module in self._modules:
-            buckets, total, count = hist.get(module, ([0] * len(DURATION_BUCKETS), 0.0, 0))
-            pairs = [(repr(float(b)), float(n)) for b, n in zip(DURATION_BUCKETS, buckets,
-                                                                strict=True)]
-            pairs.append(("+Inf", float(count)))
-            durations.add_metric([module], pairs, total)
-        yield durations
+        yield self._durations.family("colossalai_probe_duration_seconds", durations,
+                                     also=[(module,) for module in self._modules])
         yield _gauge("colossalai_probe_in_flight", value=float(in_flight))
         yield _gauge("colossalai_probe_max_concurrent", value=float(self._max_concurrent))
         yield _gauge("colossalai_probe_modules", value=float(len(self._modules)))
