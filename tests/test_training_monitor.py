@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import time
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import msgspec
 import pytest
 
 from colossalai_exporter import TrainingMonitor
+from colossalai_exporter.rankstate import files as snapfiles
 from colossalai_exporter.rankstate.families import families
 from colossalai_exporter.rankstate.schema import Snapshot
 from colossalai_exporter.rankstate.verdict import judge
@@ -431,6 +433,24 @@ def test_package_root_and_node_side_never_import_torch() -> None:
     result = subprocess.run([sys.executable, "-c", code], env=cli_env(), capture_output=True,
                             text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_rank_that_serves_nothing_caps_its_steps_at_the_budget_too(tmp_path: Path) -> None:
+    """The cap comes from the snapshot the publisher builds, not only from a scrape of
+    rank 0's server: an overrunning step on any rank counts its budget, not its stall."""
+    monitor = quiet(tmp_path, step_timeout=5.0)  # serves nothing: no scrape ever asks
+    path = snapfiles.snapshot_path(tmp_path, monitor.rank)
+    try:
+        monitor.step_done(2.0)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the publisher has seen the training phase
+            if path.exists() and snapfiles.read_snapshot(path).steps == 1:
+                break
+            time.sleep(0.02)
+        monitor.step_done(60.0)  # overran: 5 s of step, 55 s of stall
+    finally:
+        monitor.close()  # publishes a last snapshot
+    assert snapfiles.read_snapshot(path).productive == pytest.approx(2 + 5)
 
 
 def test_productive_and_checkpointed_seconds_for_goodput(tmp_path: Path) -> None:

@@ -37,10 +37,11 @@ from colossalai_exporter.training import activity, flight_recorder
 from colossalai_exporter.training import fatal as _fatal_hook
 from colossalai_exporter.training.device_loss import DeviceLossReader
 from colossalai_exporter.training.errors import error_record, space_note
+from colossalai_exporter.training.evidence import StallEvidence
 from colossalai_exporter.training.heartbeat import HeartbeatSender
 from colossalai_exporter.training.oom import classify_oom
+from colossalai_exporter.training.publisher import Publisher
 from colossalai_exporter.training.signals import SignalRecorder
-from colossalai_exporter.training.stacks import write_stacks
 from colossalai_exporter.training.state import RECENT_STEPS, STEP_BUCKETS, Budgets, RankState
 
 log = logging.getLogger("colossalai_exporter.training")
@@ -258,26 +259,21 @@ class TrainingMonitor:
         self._kernel_depth = 0  # nested kernels() blocks (a loader that loads another)
         self._checkpoint_path: str | os.PathLike[str] | None = None
         self._step = Step(self)  # reused: no allocation per step
-        # Reentrant: a signal's handler runs in the main thread between two bytecodes,
-        # possibly of a publish of that same thread, and publishes at once.
-        self._publish_lock = threading.RLock()
+        self._publisher = Publisher(self._publish, publish_interval)
         self._last_done: float | None = None  # perf_counter of the last step_done()
-        # The training phase's stall budget, as the publisher last computed it: a step's
+        # The training phase's stall budget, as the last snapshot computed it: a step's
         # productive seconds stop there (one comparison on the hot path).
         self._step_cap = float("inf")
         self._reported: set[str] = set()
-        self._wake = threading.Event()
-        self._stop = threading.Event()
         self._was_stalled = False
         # The thread that trains: the main thread, as in every launcher's script
         # (torchrun, colossalai run). Sampled, never touched (training/activity.py).
         self._training_thread = threading.main_thread().ident
-        self._thread: threading.Thread | None = None
         self._server: Any = None
         self._pollers: list[Callable[[RankState], None]] = []
         # the flight recorder's groups, kept between reads: naming them is costly
         self._progress = flight_recorder.ProgressReader()
-        self.evidence_files: list[Path] = []  # stall evidence written so far (stacks, FR)
+        self._evidence = StallEvidence(self.rank, self._error)
         sends = self.rank == 0 or heartbeat_all_ranks
         self._heartbeats = HeartbeatSender(
             self._state,
@@ -293,7 +289,7 @@ class TrainingMonitor:
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
         """Start the publisher, heartbeat sender and server (idempotent)."""
-        if self._thread is not None:
+        if self._publisher.started:
             return
         if self.run_dir is not None:
             try:
@@ -304,10 +300,7 @@ class TrainingMonitor:
                             self.run_dir, exc.strerror or exc)
                 self._count_error("publish")
                 self.run_dir = None
-        self._thread = threading.Thread(target=self._publish_loop, name="colossalai-monitor",
-                                        daemon=True)
-        self._wake.set()  # the first snapshot at once: the node agent sees the rank start
-        self._thread.start()
+        self._publisher.start()
         self._heartbeats.start()
         self._start_server()
         _fatal_hook.attach(self)
@@ -360,14 +353,11 @@ class TrainingMonitor:
             from colossalai_exporter.training import colossal
 
             colossal.unwatch_kernel_loader(self)
-        self._stop.set()
-        self._wake.set()
-        if self._thread is not None:
-            self._thread.join(5)
+        self._publisher.stop()
         self._heartbeats.stop()
         # The last snapshot before the server goes: whoever sees rank 0's server gone
         # (the node agent, the demo) can already read why, "finished" or "failed".
-        self._publish_once()
+        self._publisher.publish()
         if self._server is not None:
             self._server.stop()
             self._server = None
@@ -456,8 +446,8 @@ class TrainingMonitor:
         # snapshot. Phase changes are rare (the first step, checkpoints, evaluations,
         # kernel builds: minutes apart), so the ~50 us write to the run directory costs
         # nothing a step would notice; steps never publish.
-        if self._thread is not None:
-            self._publish_now()
+        if self._publisher.started:
+            self._publisher.publish_now()
 
     @contextlib.contextmanager
     def kernels(self) -> Iterator[None]:
@@ -496,7 +486,7 @@ class TrainingMonitor:
     def kernels_ready(self, ready: bool = True) -> None:
         """Declare the run's kernels loaded (or not); /health needs them ready."""
         self._state.kernels_ready = ready
-        self._wake.set()
+        self._publisher.wake()
 
     @contextlib.contextmanager
     def evaluation(self) -> Iterator[None]:
@@ -553,7 +543,7 @@ class TrainingMonitor:
     def finish(self) -> None:
         """The run completed: phase "finished" (its snapshot says so to the node agent)."""
         self.phase("finished")
-        self._publish_once()
+        self._publisher.publish()
 
     def fail(self, exc: BaseException | str | None = None) -> None:
         """The run failed: phase "failed" with the reason; OOMs in ``exc`` are counted."""
@@ -564,13 +554,13 @@ class TrainingMonitor:
             reason = exc or "failed"
         self._state.error = reason[:500]
         self.phase("failed")
-        self._publish_once()
+        self._publisher.publish()
 
     def _interrupted(self, name: str) -> None:
         """SIGTERM or SIGINT arrived (training/signals.py): say so before it ends the rank."""
         state = self._state
         state.interruption = Interruption(signal=name, time=_wall(), steps=state.steps)
-        self._publish_now()
+        self._publisher.publish_now()
 
     # ------------------------------------------------------------------ ColossalAI
     def watch(self, booster: Any, model: Any = None) -> None:
@@ -648,7 +638,7 @@ class TrainingMonitor:
             state.oom[device] += 1
         state.last_error = error_record(exc, where, device, _wall(), note)
         if publish:
-            self._publish_now()
+            self._publisher.publish_now()
 
     def _step_raised(self, exc: BaseException) -> None:
         try:
@@ -745,81 +735,37 @@ class TrainingMonitor:
         snap.activity_samples = state.activity_samples
         snap.waiting_samples = state.waiting_samples
 
+    @property
+    def evidence_files(self) -> list[Path]:
+        """The stall evidence written so far (stacks, flight recorder dumps)."""
+        return self._evidence.files
+
     def snapshot(self) -> Snapshot:
-        """The rank's current state, as snapshot files and /metrics carry it."""
+        """The rank's current state, as snapshot files and /metrics carry it: the one way
+        both are built (a scrape of rank 0's server and the publisher alike)."""
         snap = self._state.snapshot(self.budgets)
         if snap.phase == "training":
             self._step_cap = snap.timeout
         self._sample_activity(snap)
-        # The publisher counts a stall when it first sees it; a scrape may see it first.
+        # A stall is counted when first seen, by whichever looks first (the publisher
+        # records it in the state when it writes the evidence, below).
         if snap.stalled and not self._was_stalled:
             snap.stalls += 1
         return snap
 
-    def _publish_once(self, periodic: bool = False) -> None:
-        with self._publish_lock:  # the publisher thread, finish() and close() all publish
-            self._publish_locked(periodic)
-
-    def _publish_now(self) -> None:
-        """Publish from the calling thread, unless the publisher is stuck (then wake it)."""
-        # A publisher blocked on a hung run directory must not hang the caller too.
-        if self._publish_lock.acquire(timeout=1.0):
-            try:
-                self._publish_locked()
-            finally:
-                self._publish_lock.release()
-        else:
-            self._wake.set()
-
-    def _publish_locked(self, periodic: bool = False) -> None:
+    def _publish(self, periodic: bool) -> None:
+        """One publish (training/publisher.py says when): the snapshot into the run
+        directory, and the stall evidence the first time a stall is seen."""
         try:
             self._refresh()
-            snap = self._state.snapshot(self.budgets)
-            self._sample_activity(snap)
+            snap = self.snapshot()
             if periodic:
                 self._count_activity(snap)
             if snap.stalled and not self._was_stalled:
-                self._on_stall(snap)
-                snap.stalls = self._state.stalls
+                self._state.stalls += 1
+                self._evidence.write(self.run_dir, snap.reason)
             self._was_stalled = snap.stalled
             if self.run_dir is not None:
                 snapfiles.write_snapshot(self.run_dir, snap)
         except Exception as exc:
             self._error("publish", exc)
-
-    def _on_stall(self, snap: Snapshot) -> None:
-        self._state.stalls += 1
-        reason = snap.reason
-        if self.run_dir is None:
-            log.warning("rank %d %s (no run directory: no stack dump)", self.rank, reason)
-            return
-        try:
-            path = write_stacks(self.run_dir, self.rank, reason)
-        except Exception as exc:
-            self._error("stacks", exc)
-            return
-        self.evidence_files.append(path)
-        log.warning("rank %d %s; stacks of all threads written to %s", self.rank, reason,
-                    path)
-        try:
-            recorded = flight_recorder.dump(self.run_dir, self.rank)
-        except Exception as exc:
-            self._error("stacks", exc)
-            return
-        if recorded is not None:
-            self.evidence_files.append(recorded)
-            log.warning("rank %d: NCCL flight recorder dumped to %s", self.rank, recorded)
-
-    def _publish_loop(self) -> None:
-        last_write = 0.0
-        while not self._stop.is_set():
-            # Wake on a phase change, else once per interval; never write more than
-            # about once a second unless the phase changed.
-            changed = self._wake.wait(self._publish_interval)
-            if self._stop.is_set():
-                return
-            now = _perf()
-            if changed or now - last_write >= self._publish_interval:
-                self._wake.clear()
-                self._publish_once(periodic=True)
-                last_write = now
