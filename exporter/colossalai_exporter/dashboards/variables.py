@@ -1,7 +1,7 @@
 """Template variables: the data source, and label values such as job, instance, rank, gpu.
 
 Names matter: the alerts' ``dashboard_url`` annotations set ``var-job``,
-``var-instance`` and ``var-rank`` (see rulesgen/rules.py), so these names are
+``var-instance`` and ``var-rank`` (see rulesgen/common.py), so these names are
 part of the link contract and a test checks both sides agree.
 
 Queries are stored in Grafana's classic string form (``label_values(metric{…},

@@ -31,6 +31,27 @@ def regex_alternatives(values: list[str]) -> str:
     return "|".join(_RE2_SPECIAL.sub(r"\\\\\1", v) for v in values)
 
 
+def label_is(label: str, *values: str) -> str:
+    """A matcher for ``label`` being one of ``values``: ``label="a"``, ``label=~"a|b"``.
+
+    The values are names written in code (phases, reasons), not text from a config.
+    """
+    return _matcher(label, values, "=", "=~")
+
+
+def label_is_not(label: str, *values: str) -> str:
+    """A matcher for ``label`` being none of ``values``: ``label!="a"``, ``label!~"a|b"``."""
+    return _matcher(label, values, "!=", "!~")
+
+
+def _matcher(label: str, values: tuple[str, ...], equal: str, regex: str) -> str:
+    if not values:
+        raise ValueError(f"no value for a matcher on {label!r}")
+    if len(values) == 1:
+        return f'{label}{equal}"{values[0]}"'
+    return f'{label}{regex}"{regex_alternatives(list(values))}"'
+
+
 def expr(text: str) -> str:
     """A multi-line expression written indented in Python, dedented and trimmed."""
     return textwrap.dedent(text).strip()
@@ -41,6 +62,39 @@ def label(name: str) -> str:
     return "{{ $labels." + name + " }}"
 
 
+def template_args(match: tuple[str, ...]) -> str:
+    """``$labels.job $labels.instance``: the alert's labels ``match`` as template arguments."""
+    return " ".join(f"$labels.{name}" for name in match)
+
+
+def matching(metric: str, match: tuple[str, ...], extra: str = "") -> str:
+    """``metric{job=%q,instance=%q}``: a printf format selecting ``metric`` by the alert's
+    labels ``match`` (filled by :func:`template_args` of the same labels), then ``extra``."""
+    matchers = ",".join(f"{name}=%q" for name in match)
+    return f"{metric}{{{matchers}}}{extra}"
+
+
+def printf_query(promql: str, args: str) -> str:
+    """``printf "<promql>" <args> | query``: the template pipeline that runs ``promql``, a
+    printf format, filled with ``args`` (template expressions such as ``$labels.run``)."""
+    # The format is a Go string literal in the template: its quotes are escaped.
+    escaped = promql.replace('"', '\\"')
+    return f'printf "{escaped}" {args} | query'
+
+
+def first_sample(promql: str, args: str, body: str, otherwise: str | None = None) -> str:
+    """Template text rendering ``body`` with the first sample ``promql`` returns.
+
+    ``promql`` and ``args`` are as for :func:`printf_query`. Inside ``body``,
+    ``.Labels.<name>`` and ``.Value`` are the sample's, as in ``{{ .Labels.type }}``.
+    When the query returns nothing: ``otherwise``, or nothing at all when None.
+    """
+    text = f"{{{{ with {printf_query(promql, args)} }}}}{{{{ with first . }}}}{body}{{{{ end }}}}"
+    if otherwise is not None:
+        text += f"{{{{ else }}}}{otherwise}"
+    return text + "{{ end }}"
+
+
 def query(metric: str, match: tuple[str, ...], pipe: str, extra: str = "",
           otherwise: str = "unknown") -> str:
     """Template text that queries ``metric`` for the alert's series and formats the first result.
@@ -49,10 +103,8 @@ def query(metric: str, match: tuple[str, ...], pipe: str, extra: str = "",
     first sample (``value | humanizeDuration``, ``label "reason"``), ``extra`` a
     PromQL suffix such as `` == 1``. Renders ``otherwise`` when nothing matches.
     """
-    matchers = ",".join(f"{name}=%q" for name in match)
-    args = " ".join(f"$labels.{name}" for name in match)
-    fmt = f"{metric}{{{matchers}}}{extra}".replace('"', '\\"')
-    return (f'{{{{ with printf "{fmt}" {args} | query }}}}{{{{ . | first | {pipe} }}}}'
+    pipeline = printf_query(matching(metric, match, extra), template_args(match))
+    return (f"{{{{ with {pipeline} }}}}{{{{ . | first | {pipe} }}}}"
             f"{{{{ else }}}}{otherwise}{{{{ end }}}}")
 
 
@@ -87,20 +139,24 @@ def number(value: float) -> str:
     return f"{value:g}"
 
 
-def with_first(metric: str, match: tuple[str, ...], body: str, extra: str = "") -> str:
-    """Template text rendering ``body`` with the first result of a query, or nothing.
+def with_first(metric: str, match: tuple[str, ...], body: str, extra: str = "",
+               otherwise: str | None = None) -> str:
+    """Template text rendering ``body`` with the first result of a query, or ``otherwise``.
 
-    Inside ``body``, ``.Labels.<name>`` and ``.Value`` are the sample's, as in
-    ``{{ .Labels.type }}``. For sentences that only make sense when there is
-    something to say ("; last error: …").
+    :func:`first_sample` of ``metric`` selected by the alert's labels ``match``
+    (then ``extra``). With no ``otherwise``, for sentences that only make sense
+    when there is something to say ("; last error: …").
     """
-    matchers = ",".join(f"{name}=%q" for name in match)
-    args = " ".join(f"$labels.{name}" for name in match)
-    fmt = f"{metric}{{{matchers}}}{extra}".replace('"', '\\"')
-    return (f'{{{{ with printf "{fmt}" {args} | query }}}}{{{{ with first . }}}}{body}'
-            f"{{{{ end }}}}{{{{ end }}}}")
+    return first_sample(matching(metric, match, extra), template_args(match), body, otherwise)
 
 
 def indent(text: str, by: int = 2) -> str:
     """``text`` indented, to nest one expression inside another readably."""
     return textwrap.indent(text, " " * by)
+
+
+def block(vector: str, around: str = "") -> str:
+    """``around (`` ``vector`` indented ``)``: an aggregation or function over a
+    multi-line vector, or bare parentheses when ``around`` is empty."""
+    opening = f"{around} (" if around else "("
+    return f"{opening}\n{indent(vector)}\n)"

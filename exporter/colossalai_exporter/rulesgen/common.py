@@ -1,0 +1,212 @@
+"""What the alert families share: the two views of a rank, the run label, phases, links.
+
+A rank is seen twice. The rank servers serve its series (the training
+selector); the node agent of its node re-serves them from the snapshot the rank
+writes (the node selector), and sees what the first view cannot: ranks the
+rank-0 server does not serve, and a rank's last state after its process died or
+froze with the GIL held. The helpers here read each rank once from whichever
+view sees it, join the ``run`` label Alertmanager inhibits by, and name the
+phases and states the families' expressions test. Families import from here;
+nothing here knows a family.
+
+Phases are the TrainingMonitor's: init, kernels, training, checkpointing,
+evaluating, finished, failed (``colossalai_training_phase{phase}``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from colossalai_exporter.rankstate.schema import PHASES
+from colossalai_exporter.rulesgen.config import Duration
+from colossalai_exporter.rulesgen.promql import (
+    Selector,
+    block,
+    expr,
+    first_sample,
+    indent,
+    label_is,
+    label_is_not,
+    query,
+    with_first,
+)
+
+# The labels that name one rank's series (and an alert about one rank).
+RANK = ("job", "instance", "rank")
+INFO = "colossalai_training_info"
+PHASE = "colossalai_training_phase"
+RANK_UP = "colossalai_rank_up"
+STALLED = "colossalai_training_stalled"
+ACTIVITY = "colossalai_training_activity_info"
+
+
+# The alerts' dashboard links, all here: their variables (var-job, var-instance,
+# var-rank) are the dashboards' (dashboards/variables.py), a contract a test checks.
+def training_dashboard() -> tuple[str, dict[str, str]]:
+    """The training dashboard at the alert's job and rank."""
+    return ("colossalai-training", {"job": "{{ $labels.job | urlquery }}",
+                                    "rank": "{{ $labels.rank | urlquery }}"})
+
+
+def training_job_dashboard() -> tuple[str, dict[str, str]]:
+    """The training dashboard at the alert's job, every rank of it."""
+    return ("colossalai-training", {"job": "{{ $labels.job | urlquery }}"})
+
+
+def nodes_dashboard() -> tuple[str, dict[str, str]]:
+    """The nodes dashboard at the alert's job and instance."""
+    return ("colossalai-nodes", {"job": "{{ $labels.job | urlquery }}",
+                                 "instance": "{{ $labels.instance | urlquery }}"})
+
+
+def chat_dashboard() -> tuple[str, dict[str, str]]:
+    """The chat dashboard at the alert's job and instance."""
+    return ("colossalai-chat", {"job": "{{ $labels.job | urlquery }}",
+                                "instance": "{{ $labels.instance | urlquery }}"})
+
+
+def _phases(names: tuple[str, ...]) -> tuple[str, ...]:
+    unknown = sorted(set(names) - set(PHASES))
+    if unknown:
+        raise ValueError(f"not a phase of rankstate.schema.PHASES: {unknown}")
+    return names
+
+
+def phase_is(*names: str) -> str:
+    """A matcher for the phases ``names``, which must be the snapshot's (rankstate)."""
+    return label_is("phase", *_phases(names))
+
+
+def phase_is_not(*names: str) -> str:
+    """A matcher for any phase but ``names``, which must be the snapshot's (rankstate)."""
+    return label_is_not("phase", *_phases(names))
+
+
+TRAINING = phase_is("training")
+FAILED = phase_is("failed")
+FINISHED = phase_is("finished")
+NOT_FINISHED = phase_is_not("finished")
+ENDED = phase_is("finished", "failed")
+
+
+def in_phase(view: Selector, matcher: str) -> str:
+    """The ranks of ``view`` in a phase of ``matcher`` now (the phase series is 1)."""
+    return f"{view(PHASE, matcher)} == 1"
+
+
+def only_in_phase(view: Selector, vector: str, matcher: str) -> str:
+    """``vector`` of the ranks in a phase of ``matcher`` only."""
+    return f"{vector}\nand ignoring (phase)\n  {in_phase(view, matcher)}"
+
+
+def except_in_phase(view: Selector, vector: str, matcher: str) -> str:
+    """``vector`` less the ranks in a phase of ``matcher`` (a rank that finished is not
+    down, nor are its kernels missing)."""
+    return f"{vector}\nunless ignoring (phase)\n  {in_phase(view, matcher)}"
+
+
+def rank_down(view: Selector) -> str:
+    """The ranks of ``view`` whose process is gone or publishes nothing."""
+    return f"{view(RANK_UP)} == 0"
+
+
+def rank_stalled(view: Selector) -> str:
+    """The ranks of ``view`` that judge themselves stalled (no progress within budget)."""
+    return f"{view(STALLED)} == 1"
+
+
+def with_run(vector: str, view: Selector, on: tuple[str, ...] = RANK) -> str:
+    """``vector`` with the ``run`` label of its ranks' ``colossalai_training_info``.
+
+    Values are kept (the info is 1). Alertmanager inhibits a run's consequence
+    alerts under its cause alert by this label, so every training alert carries it.
+    A rank without the info (a monitor older than the label) still alerts, without
+    ``run``.
+    """
+    labels = ", ".join(on)
+    info = view(INFO)
+    # Parenthesised whole: "or" binds loosest, and callers combine this further.
+    return (f"(\n  (\n{indent(vector, 4)}\n  )\n  * on ({labels}) group_left (run)\n"
+            f"    max by ({labels}, run) ({info})\n"
+            f"  or\n  (\n{indent(vector, 4)}\n  )\n  unless on ({labels})\n    {info}\n)")
+
+
+def runs_with(vector: str) -> str:
+    """``count by (run)``: the runs with a rank in ``vector``, valued by how many."""
+    return block(vector, "count by (run)")
+
+
+def recent_events(series: str, window: Duration, condition: str = "> 0") -> str:
+    """Series of a counter that rose within ``window`` (by ``condition``), valued by how much.
+
+    The second half catches a counter first seen above zero: a rank that hit an
+    out-of-memory error in ``booster.boost`` before Prometheus ever scraped it
+    at zero has no increase() to show, only a new series.
+    """
+    return (f"increase({series}[{window}]) {condition}\nor\n"
+            f"({series} {condition} unless {series} offset {window})")
+
+
+def on_any_rank(build: Callable[[Selector], str], rank_servers: Selector,
+                node_agents: Selector) -> str:
+    """``build``'s vector from whichever view sees the rank, each rank once.
+
+    The node agent re-serves every local rank's series (rank 0's too) from the
+    snapshot the rank writes, synchronously when an exception passes: it sees
+    ranks the rank-0 server does not serve, failures that end the process a
+    moment later, and the last state of a rank frozen with the GIL held (whose
+    own server cannot answer). The rank servers' view counts only where no agent
+    reports the same rank of the same run, so nothing is counted twice.
+    """
+    seen_by_agent = with_run(node_agents(PHASE), node_agents)
+    return (f"{with_run(build(node_agents), node_agents)}\nor\n"
+            f"(\n{indent(with_run(build(rank_servers), rank_servers))}\n"
+            f"  unless on (run, rank)\n{indent(seen_by_agent)}\n)")
+
+
+def one_view_per_rank(build: Callable[[Selector], str], rank_servers: Selector,
+                      node_agents: Selector) -> str:
+    """``build``'s vector over series that carry ``run`` themselves, each rank of a run
+    from one view: the node agent's, else the rank server's (see :func:`on_any_rank`,
+    which joins ``run`` from the info instead: right for the present, wrong for a range
+    over a day in which two runs used the same rank of a node)."""
+    node = build(node_agents)
+    return (f"{node}\nor\n(\n{indent(build(rank_servers))}\n  unless on (run, rank)\n"
+            f"{indent(node)}\n)")
+
+
+def lost_ranks(node_agents: Selector, window: Duration) -> str:
+    """Ranks last reported, within ``window``, by a node agent Prometheus cannot scrape
+    now, and by no agent now: the ranks of a node that is down or cut off."""
+    return expr(f"""
+        max by (job, instance, run, rank) (last_over_time({node_agents(INFO)}[{window}]))
+        and on (job, instance)
+          ({node_agents("up")} == 0)
+        unless on (run, rank)
+          {node_agents(INFO)}
+    """)
+
+
+def last_error() -> str:
+    """" Last error (in step): RuntimeError: CUDA out of memory. …" when the rank has one.
+
+    Last in a description: the message ends with its own punctuation.
+    """
+    return with_first("colossalai_training_last_error_info", RANK,
+                      " Last error (in {{ .Labels.where }}): {{ .Labels.type }}: "
+                      "{{ .Labels.message }}")
+
+
+def ranks_of_run(condition: str, what: str) -> str:
+    """" 4096 rank(s) of this run are stalled." for an alert with a ``run`` label: how
+    many ranks of its run (either view, each rank once) meet ``condition``, so a page
+    for one rank of a 4,096-rank job says how far the trouble reaches."""
+    ranks = f"count(count by (rank) ({condition} and on (job, instance, rank) {INFO}{{run=%q}}))"
+    return ("{{ with $labels.run }}"
+            + first_sample(ranks, ".", ' {{ .Value | printf "%.0f" }} ' + what)
+            + "{{ end }}")
+
+
+def snapshot_age() -> str:
+    """How old the rank's last state snapshot is, e.g. "3m 20s"."""
+    return query("colossalai_rank_snapshot_age_seconds", RANK, "value | humanizeDuration")

@@ -1,0 +1,49 @@
+"""The training rule file (rules/colossalai-training.rules.yml), assembled from its families.
+
+Each family of alerts lives in a module of its own (training_*.py); this one
+only orders them into the file's groups. The order is the rule file's, which
+``rules --check`` holds to the committed files: change it only on purpose.
+Descriptions carry the numbers an on-call engineer needs; where a number is not
+the alert's value, the template queries it (``promql.query``).
+"""
+
+from __future__ import annotations
+
+from colossalai_exporter.rulesgen.config import RulesConfig
+from colossalai_exporter.rulesgen.model import Group, RuleFile
+from colossalai_exporter.rulesgen.promql import Selector
+from colossalai_exporter.rulesgen.training_deaths import rank_deaths
+from colossalai_exporter.rulesgen.training_errors import rank_errors
+from colossalai_exporter.rulesgen.training_goodput import (
+    checkpoint_overdue,
+    goodput_groups,
+    restart_loop,
+)
+from colossalai_exporter.rulesgen.training_hangs import hang_suspects
+from colossalai_exporter.rulesgen.training_heartbeats import heartbeats_failing
+from colossalai_exporter.rulesgen.training_pace import recording, stragglers
+from colossalai_exporter.rulesgen.training_stalls import checkpoint_stuck, stalled, startup_stuck
+
+
+def training(config: RulesConfig) -> RuleFile:
+    """Recording rules, then goodput's groups, then every training alert."""
+    rank_servers = Selector(config.selectors.training)
+    node_agents = Selector(config.selectors.node)
+    thresholds = config.thresholds
+    alerts = Group("colossalai-training.alerts", (
+        stalled(rank_servers),
+        *hang_suspects(rank_servers, node_agents, thresholds.node_lost_window),
+        startup_stuck(rank_servers, node_agents),
+        checkpoint_stuck(rank_servers, node_agents),
+        restart_loop(rank_servers, node_agents, thresholds),
+        checkpoint_overdue(rank_servers, thresholds.checkpoint_interval),
+        *rank_deaths(rank_servers, node_agents, thresholds.node_lost_window),
+        *stragglers(rank_servers, node_agents, thresholds),
+        *rank_errors(rank_servers, node_agents, thresholds, config.for_["KernelsNotReady"]),
+        *heartbeats_failing(rank_servers, thresholds.heartbeat_failing_after),
+    ))
+    return RuleFile("colossalai-training", (
+        recording(rank_servers, node_agents),
+        *goodput_groups(rank_servers, node_agents),
+        alerts,
+    ))

@@ -1,0 +1,206 @@
+"""Rank deaths: TrainingRankDown, TrainingRankOOMKilled, TrainingNodeLost.
+
+The rank where a run's death began, and only that rank (docs/rules.md, "The rank
+that died first"). When one rank dies, the others follow: their collectives fail
+on its closed connections (``peer_failed``), torchrun sends them SIGTERM
+(``interrupted``). The node agent judges how each rank ended
+(``colossalai_rank_exit_info``, node/exits.py), so the rules page the rank that
+was killed, OOM-killed or failed of its own error, and not the ranks that
+followed, whatever order a scrape found them gone in. A run whose every rank
+ended by a signal was stopped (a preemption, a cancel, Ctrl-C): no page. A node
+gone with its agent cannot say any of this: TrainingNodeLost names it from what
+Prometheus still sees.
+"""
+
+from __future__ import annotations
+
+from colossalai_exporter.rulesgen.common import (
+    FINISHED,
+    INFO,
+    PHASE,
+    RANK,
+    RANK_UP,
+    except_in_phase,
+    lost_ranks,
+    nodes_dashboard,
+    rank_down,
+    rank_stalled,
+    ranks_of_run,
+    runs_with,
+    snapshot_age,
+    training_job_dashboard,
+    with_run,
+)
+from colossalai_exporter.rulesgen.config import Duration
+from colossalai_exporter.rulesgen.model import Alert
+from colossalai_exporter.rulesgen.promql import (
+    Selector,
+    block,
+    expr,
+    fill,
+    indent,
+    label_is,
+    label_is_not,
+    matching,
+    printf_query,
+    query,
+    template_args,
+    with_first,
+)
+
+EXIT = "colossalai_rank_exit_info"
+# How a gone rank ended (node/exits.py): the reasons that are the incident itself, and
+# those that follow from another rank's end (or are no incident: finished, a signal).
+NOT_CAUSE_EXITS = label_is("reason", "finished", "interrupted", "peer_failed", "oom_killed")
+# Ends that explain a peer_failed rank: its run's trouble began there.
+EXPLAINING_EXITS = label_is("reason", "killed", "failed", "oom_killed", "interrupted")
+OOM_KILLED = label_is("reason", "oom_killed")
+PEER_FAILED = label_is("reason", "peer_failed")
+FINISHED_EXIT = label_is("reason", "finished")
+UNFINISHED_EXITS = label_is_not("reason", "finished")
+RANK_DOWN_SUMMARY = "A training rank's process is gone or has stopped publishing its state."
+
+
+def rank_deaths(rank_servers: Selector, node_agents: Selector,
+                window: Duration) -> tuple[Alert, ...]:
+    """Every rule of the family, in the order the rule file lists them."""
+    return (killed_or_frozen(node_agents), died_of_a_peer(node_agents, window),
+            unscrapable(rank_servers, node_agents), oom_killed(node_agents),
+            node_lost(rank_servers, node_agents, window))
+
+
+def _down_in_run() -> str:
+    """" 3 rank(s) of this run are down in all.": how far a death reached (not counting
+    ranks that finished)."""
+    return ranks_of_run(f"{RANK_UP} == 0 unless on (job, instance, rank) "
+                        f"{EXIT}{{{FINISHED_EXIT}}}",
+                        "rank(s) of this run are down in all.")
+
+
+def _exit_detail() -> str:
+    """The node agent's account of how the rank ended (the exit's ``detail``)."""
+    return query(EXIT, RANK, 'label "detail"')
+
+
+def _exits(node_agents: Selector, reasons: str) -> str:
+    """The ranks that ended for ``reasons``, one series each (the detail dropped)."""
+    return block(node_agents(EXIT, reasons), "max without (reason, detail)")
+
+
+def killed_or_frozen(node_agents: Selector) -> Alert:
+    """TrainingRankDown from the node agent's outside view: a rank killed, failed of its
+    own error, or frozen; not one that finished, was stopped by a signal, failed because
+    a peer did, or was OOM-killed (TrainingRankOOMKilled says more)."""
+    how = with_first(
+        EXIT, RANK,
+        '{{ if eq .Labels.reason "failed" }}died of its own error: {{ .Labels.detail }}'
+        "{{ else }}was killed: {{ .Labels.detail }}{{ end }}",
+        otherwise=("is not responding: its process is alive but has published nothing for "
+                   f"{snapshot_age()} (frozen in a C call holding the GIL, or stopped)"))
+    gone = (f"{rank_down(node_agents)}\nunless on (job, instance, rank)\n"
+            f"  {node_agents(EXIT, NOT_CAUSE_EXITS)}")
+    return Alert(
+        "TrainingRankDown",
+        with_run(except_in_phase(node_agents, gone, FINISHED), node_agents),
+        "critical", RANK_DOWN_SUMMARY,
+        fill("Rank [[$rank]][[of_run]] on [[$instance]] [[how]].[[reach]]",
+             how=how, reach=_down_in_run()),
+        nodes_dashboard(), cause="process")
+
+
+def oom_killed(node_agents: Selector) -> Alert:
+    """TrainingRankOOMKilled: the kernel's OOM killer ended a rank (a cause of its own)."""
+    return Alert(
+        "TrainingRankOOMKilled",
+        _exits(node_agents, OOM_KILLED),
+        "critical", "The kernel's OOM killer ended a training rank.",
+        fill("Rank [[$rank]][[of_run]] on [[$instance]] was killed by the kernel's OOM "
+             "killer ([[detail]]): the node's or the job's memory limit was reached, by "
+             "this rank or others beside it (host-side offload, CPU Adam, data "
+             "loaders).[[reach]]",
+             detail=_exit_detail(), reach=_down_in_run()),
+        nodes_dashboard())
+
+
+def died_of_a_peer(node_agents: Selector, window: Duration) -> Alert:
+    """TrainingRankDown for a rank that failed because a peer did, where no rank of its run
+    is known to have ended first: the cause is out of sight (a rank on a node without an
+    agent, the network between nodes). Paged, so that nothing is silent."""
+    frozen = (f"{rank_down(node_agents)} and on (job, instance, rank) "
+              f"{node_agents('colossalai_rank_process_alive')} == 1")
+    any_cause = "\nor\n".join((
+        f"count by (run) ({node_agents(EXIT, EXPLAINING_EXITS)})",
+        runs_with(with_run(frozen, node_agents)),
+        runs_with(lost_ranks(node_agents, window)),
+    ))
+    return Alert(
+        "TrainingRankDown",
+        f"{_exits(node_agents, PEER_FAILED)}\nunless on (run)\n{block(any_cause)}",
+        "critical", RANK_DOWN_SUMMARY,
+        fill("Rank [[$rank]][[of_run]] on [[$instance]] died of an error saying another "
+             "rank or the process group failed first ([[detail]]), and no rank of this "
+             "run is known to have ended before it: look for a rank on a node without a "
+             "node agent, or at the network between the nodes.[[reach]]",
+             detail=_exit_detail(), reach=_down_in_run()),
+        nodes_dashboard(), cause="peer_failed")
+
+
+def unscrapable(rank_servers: Selector, node_agents: Selector) -> Alert:
+    """TrainingRankDown for a rank server Prometheus cannot scrape.
+
+    Only a rank server that served a run in the last hour, and with that run's label,
+    so that a cause alert of the run mutes this one too. A target that has not served
+    yet is a run still starting (model load before the monitor exists, minutes at
+    scale): not down. Not a rank a node agent reports (it says better how the rank
+    ended: finished, stopped, killed), nor one whose server last said it finished (a
+    static target outlives its run).
+    """
+    return Alert(
+        "TrainingRankDown",
+        expr(f"""
+            (
+              {rank_servers('up')} == 0
+            )
+            * on (job, instance) group_left (run, rank)
+              max by (job, instance, run, rank) (last_over_time({rank_servers(INFO)}[1h]))
+            unless on (run, rank)
+{indent(with_run(node_agents(RANK_UP), node_agents), 14)}
+            unless on (job, instance)
+              last_over_time({rank_servers(PHASE, FINISHED)}[1h])
+        """),
+        "critical", RANK_DOWN_SUMMARY,
+        fill("Prometheus cannot scrape the rank server [[$instance]] of job [[$job]] (rank "
+             "[[$rank]][[of_run]]), and no node agent reports the rank: its process is "
+             "gone, wedged or unreachable."),
+        training_job_dashboard(), cause="scrape")
+
+
+def node_lost(rank_servers: Selector, node_agents: Selector, window: Duration) -> Alert:
+    """TrainingNodeLost: a node gone with its agent and its ranks, while its run suffers.
+
+    A node that loses power or its network takes its node agent along: nothing on it
+    can say its ranks are down, and the surviving ranks die of their peers' closed
+    connections (or wait in a collective for them). What Prometheus still sees names
+    the node: the agent's target down, the ranks it reported gone from every agent, and
+    the run's other ranks failing or stalled since. An agent that restarts, or dies
+    alone while the run trains on, is not this (ExporterDown's).
+    """
+    trouble = "\nor\n".join((
+        f"count by (run) ({node_agents(EXIT, UNFINISHED_EXITS)})",
+        runs_with(with_run(rank_stalled(node_agents), node_agents)),
+        runs_with(with_run(rank_stalled(rank_servers), rank_servers)),
+    ))
+    node_ranks = ("job", "instance", "run")
+    lost = f"max by (rank) (last_over_time({matching(INFO, node_ranks)}[{window}]))"
+    lost_pipeline = printf_query(lost, template_args(node_ranks))
+    return Alert(
+        "TrainingNodeLost",
+        f"{block(lost_ranks(node_agents, window), 'count by (job, instance, run)')}\n"
+        f"and on (run)\n{block(trouble)}",
+        "critical", "A node running training ranks is gone, with its node agent.",
+        fill('Node [[$instance]] stopped answering, and with it {{ $value | printf "%.0f" }} '
+             "rank(s) of run [[$run]] ([[ranks]]): it is down, hung or cut off from the "
+             "network, and the run's other ranks failed or stalled since.",
+             ranks=(f'{{{{ range $i, $r := {lost_pipeline} | sortByLabel "rank" }}}}'
+                    "{{ if $i }}, {{ end }}rank {{ $r.Labels.rank }}{{ end }}")),
+        nodes_dashboard())

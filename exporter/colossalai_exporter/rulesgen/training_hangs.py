@@ -1,0 +1,287 @@
+"""Hangs: TrainingHangSuspect, the rank a stalled run waits for (training/activity.py).
+
+A synchronous run stalls as a whole: every rank but one waits in a collective
+for the one that does not arrive. The stall alerts (training_stalls.py) fire on
+every rank; this family names the one to look at, from five angles, each a
+``cause`` of its own: a stalled rank outside any collective while others wait, a
+rank that does not answer at all, NCCL's RAS naming a rank behind or broken,
+torch's flight recorder naming the rank behind in its process groups, and a rank
+RAS cannot reach on a node no agent reports. A rank that merely waits is never
+one. Alertmanager mutes the run's stalls and rank-downs under it.
+"""
+
+from __future__ import annotations
+
+from colossalai_exporter.rankstate.schema import PHASES
+from colossalai_exporter.rankstate.schema import WAITING as WAITING_ACTIVITIES
+from colossalai_exporter.rulesgen.common import (
+    ACTIVITY,
+    INFO,
+    RANK,
+    RANK_UP,
+    in_phase,
+    last_error,
+    lost_ranks,
+    nodes_dashboard,
+    on_any_rank,
+    one_view_per_rank,
+    phase_is,
+    rank_down,
+    rank_stalled,
+    runs_with,
+    snapshot_age,
+    training_dashboard,
+    with_run,
+)
+from colossalai_exporter.rulesgen.config import Duration
+from colossalai_exporter.rulesgen.model import Alert
+from colossalai_exporter.rulesgen.promql import (
+    Selector,
+    block,
+    expr,
+    fill,
+    first_sample,
+    indent,
+    label_is,
+    label_is_not,
+    matching,
+    printf_query,
+    template_args,
+    with_first,
+)
+
+WAITING = label_is("activity", *WAITING_ACTIVITIES)
+NOT_WAITING = label_is_not("activity", *WAITING_ACTIVITIES)
+# A rank in one of these is busy with something of its own (starting, a checkpoint) or
+# has ended: not waiting for the others, and not stepping.
+OWN_PHASES = phase_is(*(p for p in PHASES if p not in ("training", "evaluating")))
+PROBLEM = "colossalai_nccl_rank_problem_info"
+# What NCCL's RAS says of a rank it can reach, and of one it cannot.
+BROKEN = label_is("problem", "behind", "aborted", "async_error")
+UNREACHABLE = label_is("problem", "missing", "unresponsive", "dead")
+ENQUEUED = "colossalai_training_collective_enqueued"
+SUMMARY = "The rank a stalled training run is waiting for."
+
+
+def hang_suspects(rank_servers: Selector, node_agents: Selector,
+                  window: Duration) -> tuple[Alert, ...]:
+    """Every rule of the family, in the order the rule file lists them."""
+    return (outside_collective(rank_servers, node_agents),
+            not_responding(rank_servers, node_agents),
+            nccl_problem(rank_servers, node_agents),
+            collectives_behind(rank_servers, node_agents),
+            unreachable(node_agents, window))
+
+
+def answering(view: Selector, vector: str) -> str:
+    """``vector`` of the ranks that answer: a dead rank's last snapshot still says where
+    it was."""
+    return f"{vector}\nunless on (job, instance, rank)\n  ({rank_down(view)})"
+
+
+def outside_own_phases(view: Selector, vector: str) -> str:
+    """``vector`` less the ranks in start-up or a checkpoint, which have their own budget
+    and alert that say more (TrainingStartupStuck, CheckpointStuck), and the finished
+    and failed ones, which wait for no one."""
+    # on (job, instance, rank), not ignoring (phase): the vectors this excludes from
+    # carry labels of their own (activity, pg) that the phase series lacks.
+    return f"{vector}\nunless on (job, instance, rank)\n  {in_phase(view, OWN_PHASES)}"
+
+
+def while_others_wait(vector: str, rank_servers: Selector, node_agents: Selector) -> str:
+    """``vector``, only in runs where ranks wait, in either view (a rank counted in both
+    still makes a run wait)."""
+    def waiting_ranks(view: Selector) -> str:
+        return runs_with(with_run(answering(view, view(ACTIVITY, WAITING)), view))
+
+    return (f"{vector}\nand on (run)\n(\n{indent(waiting_ranks(node_agents))}\n  or\n"
+            f"{indent(waiting_ranks(rank_servers))}\n)")
+
+
+def _waiting_text() -> str:
+    """" while 3 other rank(s) wait in collective (all_reduce)": the run's waiting ranks,
+    largest group first."""
+    # Both views, each rank once: the rank servers' scrape may see a waiting rank's
+    # stall before the node agent's does, and the alert's expression reads both.
+    waiting = ("topk(1, count by (activity, collective) (max by (rank, activity, collective) ("
+               f"{ACTIVITY}{{{WAITING}, rank!=%q}}"
+               f" * on (job, instance, rank) group_left () {INFO}{{run=%q}})))")
+    return first_sample(waiting, "$labels.rank $labels.run",
+                        ' while {{ .Value | printf "%.0f" }} other rank(s) wait in '
+                        "{{ .Labels.activity }}{{ with .Labels.collective }} ({{ . }}){{ end }}")
+
+
+def named_outside(rank_servers: Selector, node_agents: Selector) -> str:
+    """Stalled ranks outside any collective while others of their run wait."""
+    def elsewhere(view: Selector) -> str:
+        active = block(view(ACTIVITY, NOT_WAITING), "max without (collective, frame)")
+        return outside_own_phases(view, answering(view, active))
+
+    return while_others_wait(block(on_any_rank(elsewhere, rank_servers, node_agents)),
+                             rank_servers, node_agents)
+
+
+def outside_collective(rank_servers: Selector, node_agents: Selector) -> Alert:
+    """TrainingHangSuspect for a stalled rank outside any collective, where it is."""
+    return Alert(
+        "TrainingHangSuspect",
+        named_outside(rank_servers, node_agents),
+        "critical", SUMMARY,
+        fill("Rank [[$rank]][[of_run]] on [[$instance]] is the rank the others wait for: "
+             "it has made no step within its budget and is outside any collective, in "
+             "[[$activity]] at [[frame]][[waiting]].[[last_error]]",
+             frame=with_first(ACTIVITY, RANK, "{{ .Labels.frame }}"),
+             waiting=_waiting_text(), last_error=last_error()),
+        training_dashboard(), cause="outside_collective")
+
+
+def not_responding(rank_servers: Selector, node_agents: Selector) -> Alert:
+    """TrainingHangSuspect from the node agent's view: the process exists but publishes
+    nothing (a C call holding the GIL, D state) or is stopped, while other ranks of its
+    run wait."""
+    not_answering = outside_own_phases(node_agents, expr(f"""
+        (
+            ({rank_down(node_agents)} and on (job, instance, rank)
+              {node_agents("colossalai_rank_process_alive")} == 1)
+          or
+            {node_agents("colossalai_rank_process_stopped")} == 1
+        )
+    """))
+    stopped = printf_query(matching("colossalai_rank_process_stopped", RANK, " == 1"),
+                           template_args(RANK))
+    return Alert(
+        "TrainingHangSuspect",
+        while_others_wait(with_run(not_answering, node_agents), rank_servers, node_agents),
+        "critical", SUMMARY,
+        fill("Rank [[$rank]][[of_run]] on [[$instance]] is the rank the others wait for: "
+             "it is not responding ([[why]]; state snapshot [[age]] old)[[waiting]]."
+             "[[last_error]]",
+             why=(f"{{{{ if {stopped} }}}}process stopped: SIGSTOP or a debugger{{{{ else }}}}"
+                  "GIL held by a C call, or the process frozen{{ end }}"),
+             age=snapshot_age(), waiting=_waiting_text(), last_error=last_error()),
+        nodes_dashboard(), cause="not_responding")
+
+
+def nccl_problem(rank_servers: Selector, node_agents: Selector) -> Alert:
+    """TrainingHangSuspect from NCCL's own view (the node agent's nccl collector): a local
+    rank behind the others of a communicator in collective counts, or aborted or with an
+    asynchronous error, while ranks of its run wait. Names the rank even when every rank
+    is inside a collective (mismatched collectives)."""
+    reported = block(node_agents(PROBLEM, BROKEN, 'rank!=""'), "max by (job, instance, rank)")
+    return Alert(
+        "TrainingHangSuspect",
+        while_others_wait(with_run(reported, node_agents), rank_servers, node_agents),
+        "critical", SUMMARY,
+        fill("Rank [[$rank]][[of_run]] on [[$instance]] is the rank the others wait for: "
+             "NCCL's RAS service reports it [[what]][[waiting]].[[last_error]]",
+             what=with_first(PROBLEM, RANK,
+                             '{{ if eq .Labels.problem "behind" }}behind the rest of '
+                             "communicator {{ .Labels.comm }} in collectives{{ else }}"
+                             "{{ .Labels.problem }} in communicator {{ .Labels.comm }}"
+                             "{{ end }}"),
+             waiting=_waiting_text(), last_error=last_error()),
+        nodes_dashboard(), cause="nccl")
+
+
+def unreachable(node_agents: Selector, window: Duration) -> Alert:
+    """TrainingHangSuspect for a rank NCCL's RAS cannot reach and no node agent reports.
+
+    A node that died or dropped off the network takes its agent with it, so nothing
+    says its ranks are down; the other nodes' RAS still lists them as missing from
+    their communicators. In a communicator spanning the whole run the nccl collector
+    knows their training rank and run (node/nccl_ras.py). Every node reports the same
+    missing rank: one alert per rank. Only while the run is stalled, and not for a rank
+    whose node agent is known down: that is TrainingNodeLost's page, which names the
+    node (one page for one lost node).
+    """
+    missing = node_agents(PROBLEM, UNREACHABLE, 'rank!=""', 'run!=""')
+    seen = with_run(node_agents(RANK_UP), node_agents)
+    stalled = runs_with(with_run(rank_stalled(node_agents), node_agents))
+    problem = f"max by (problem) ({PROBLEM}{{run=%q,rank=%q,{UNREACHABLE}}})"
+    return Alert(
+        "TrainingHangSuspect",
+        f"(\n  max by (job, run, rank, rank_host, pid) (\n    {missing}\n  )\n"
+        f"  unless on (run, rank)\n{indent(seen, 4)}\n"
+        f"  unless on (run, rank)\n  (\n{indent(lost_ranks(node_agents, window), 4)}\n  )\n)\n"
+        f"and on (run)\n{stalled}",
+        "critical", SUMMARY,
+        fill("Rank [[$rank]][[of_run]] is the rank the others wait for: NCCL's RAS "
+             "service on the other nodes reports it [[what]] (pid [[$pid]] on "
+             "[[$rank_host]]), and no node agent reports it: its node is down or cut off "
+             "from the network.",
+             what=first_sample(problem, "$labels.run $labels.rank", "{{ .Labels.problem }}",
+                               otherwise="missing")),
+        training_dashboard(), cause="unreachable")
+
+
+def collectives_behind(rank_servers: Selector, node_agents: Selector) -> Alert:
+    """TrainingHangSuspect from torch's flight recorder (training/flight_recorder.py).
+
+    A collective completes on no rank before every rank of its process group has
+    enqueued it, so in a stalled run a rank that has enqueued fewer collectives in a
+    group than another rank of it is the one that rank waits for. This names the
+    rank where the activity cannot: with NCCL every rank's thread sits in a CUDA
+    synchronisation ("compute"), waiting ranks and culprit alike. Groups are compared
+    by the name torch registered (``pg``), which every member shares. A rank behind in
+    one group may only be waiting in another, where it is ahead (pairs, then a global
+    all-reduce: the partner of a frozen rank is behind in the global group because it
+    waits in the pair): a rank ahead of another in any group waits, and is never named.
+    The series exist only while a rank is stalled, and carry their run and group
+    themselves. A rank the activity already names (outside any collective while others
+    wait) is left to that cause, whose description says more (its frame): one alert per
+    culprit.
+    """
+    both = f"{node_agents(ENQUEUED)}\nor\n{rank_servers(ENQUEUED)}"
+    furthest = block(both, "max by (run, pg)")
+    least = block(both, "min by (run, pg)")
+
+    def behind(view: Selector) -> str:
+        lower = block(f"{block(view(ENQUEUED), 'max without (op)')}\n"
+                      f"< on (run, pg) group_left ()\n{furthest}")
+        # One alert per culprit, whatever the number of groups it is behind in (the
+        # description lists them): its labels must not change between evaluations.
+        return block(outside_own_phases(view, answering(view, lower)),
+                     "max without (pg, pg_ranks)")
+
+    def ahead(view: Selector) -> str:
+        return f"{view(ENQUEUED)}\n  > on (run, pg) group_left ()\n{indent(least)}"
+
+    waits_somewhere = f"(\n{indent(ahead(node_agents))}\nor\n{indent(ahead(rank_servers))}\n)"
+
+    # Compared only once every stalled rank of the run that answers has said where its
+    # collectives are: each rank publishes them when it sees its own stall, a moment
+    # apart, and until the lowest member of a group has, a rank ahead of it there looks
+    # behind only elsewhere (a 2x2 mesh paged a waiting rank so, for one evaluation).
+    def unreported(view: Selector) -> str:
+        silent = f"{rank_stalled(view)}\nunless on (job, instance, rank)\n  {view(ENQUEUED)}"
+        return block(with_run(answering(view, silent), view), "max by (run)")
+
+    incomplete = (f"(\n{indent(unreported(node_agents))}\nor\n"
+                  f"{indent(unreported(rank_servers))}\n)")
+    return Alert(
+        "TrainingHangSuspect",
+        f"{block(one_view_per_rank(behind, rank_servers, node_agents))}\n"
+        f"unless on (run, rank)\n{waits_somewhere}\n"
+        f"unless on (run, rank)\n{block(named_outside(rank_servers, node_agents))}\n"
+        f"unless on (run)\n{incomplete}",
+        "critical", SUMMARY,
+        fill("Rank [[$rank]][[of_run]] on [[$instance]] is the rank the others wait for: "
+             "[[behind_in]]; it waits in no process group.[[last_error]]",
+             behind_in=_behind_in(), last_error=last_error()),
+        training_dashboard(), cause="collectives_behind")
+
+
+def _behind_in() -> str:
+    """"in process group 3 (ranks 0,1) it has enqueued collective #41, and other ranks
+    wait in #42 (allreduce)": the groups the rank is behind in (either view, each group
+    once), and in each the collective the others wait in."""
+    groups = (f"max by (pg, pg_ranks) ({ENQUEUED}{{run=%q,rank=%q}}) < on (pg) group_left () "
+              f"max by (pg) ({ENQUEUED}{{run=%q}})")
+    waited_in = first_sample(f"topk(1, {ENQUEUED}{{run=%q,pg=%q}})", "$labels.run $g.Labels.pg",
+                             "#{{ .Value }}{{ with .Labels.op }} ({{ . }}){{ end }}",
+                             otherwise="a later one")
+    each_group = printf_query(groups, "$labels.run $labels.rank $labels.run")
+    return (f'{{{{ range $i, $g := {each_group} | sortByLabel "pg" }}}}'
+            "{{ if $i }}; {{ end }}in process group {{ $g.Labels.pg }} (ranks "
+            "{{ $g.Labels.pg_ranks }}) it has enqueued collective #{{ $g.Value }}, and other "
+            f"ranks wait in {waited_in}{{{{ end }}}}")

@@ -1,0 +1,117 @@
+"""Pace: how fast each rank steps and how much it waits, and TrainingStraggler.
+
+The recording rules (step rates, mean step time, the share of time each rank
+waits for the others) feed the training dashboard and the straggler rules, which
+compare each rank with the median of its job or run: a rank much slower than the
+rest, or, in a synchronous job where every rank steps at the slowest one's rate,
+the rank that hardly waits while the others wait for it.
+"""
+
+from __future__ import annotations
+
+from colossalai_exporter.rulesgen.common import (
+    FAILED,
+    TRAINING,
+    in_phase,
+    on_any_rank,
+    rank_down,
+    rank_stalled,
+    runs_with,
+    training_dashboard,
+)
+from colossalai_exporter.rulesgen.config import Thresholds
+from colossalai_exporter.rulesgen.model import Alert, Group, Recording
+from colossalai_exporter.rulesgen.promql import (
+    Selector,
+    expr,
+    fill,
+    first_sample,
+    indent,
+    number,
+    query,
+)
+
+# Recording rules other rules and the dashboards use.
+STEP_RATE = "job_rank:colossalai_training_steps:rate5m"
+STEP_RATE_MEDIAN = "job:colossalai_training_steps:median_rate5m"
+STEP_RATE_RATIO = "job_rank:colossalai_training_steps:rate5m_ratio_to_median"
+STEP_MEAN = "job_rank:colossalai_training_step_duration_seconds:mean5m"
+WAIT_SHARE = "run_rank:colossalai_training_waiting:ratio5m"
+WAIT_SHARE_MEDIAN = "run:colossalai_training_waiting:median_ratio5m"
+SUMMARY = "A training rank is much slower than the rest of its job."
+
+
+def recording(rank_servers: Selector, node_agents: Selector) -> Group:
+    """The training file's recording group: step rates and waiting shares."""
+    # The share of time each rank waits for the others, from its monitor's samples of
+    # the training thread (training/activity.py), on any rank, by run.
+    # Only ranks training now and answering: a dead rank's counters stay served
+    # (its last snapshot) and their rates would say it never waits.
+    def waiting_share(view: Selector) -> str:
+        return (f"(\n  rate({view('colossalai_training_waiting_samples_total')}[5m])\n  /\n"
+                f"  rate({view('colossalai_training_activity_samples_total')}[5m])\n)\n"
+                f"and ignoring (phase) {in_phase(view, TRAINING)}\n"
+                f"unless on (job, instance, rank) {rank_down(view)}")
+
+    return Group("colossalai-training.recording", (
+        Recording(STEP_RATE, expr(f"""
+            sum by (job, rank) (rate({rank_servers("colossalai_training_steps_total")}[5m]))
+        """)),
+        Recording(STEP_RATE_MEDIAN, f"quantile by (job) (0.5, {STEP_RATE})"),
+        Recording(STEP_RATE_RATIO, f"{STEP_RATE} / on (job) group_left () {STEP_RATE_MEDIAN}"),
+        Recording(STEP_MEAN, expr(f"""
+              sum by (job, rank) (rate({rank_servers("colossalai_training_step_duration_seconds_sum")}[5m]))
+            /
+              sum by (job, rank) (rate({rank_servers("colossalai_training_step_duration_seconds_count")}[5m]))
+        """)),  # noqa: E501 - one selector a line reads better unbroken
+        Recording(WAIT_SHARE, on_any_rank(waiting_share, rank_servers, node_agents)),
+        Recording(WAIT_SHARE_MEDIAN, f"quantile by (run) (0.5, {WAIT_SHARE})"),
+    ))
+
+
+def stragglers(rank_servers: Selector, node_agents: Selector,
+               thresholds: Thresholds) -> tuple[Alert, Alert]:
+    """TrainingStraggler by step rate, then by the share of time waiting."""
+    return (
+        Alert(
+            "TrainingStraggler",
+            f"{STEP_RATE_RATIO} < {number(thresholds.straggler_ratio)}",
+            "warning", SUMMARY,
+            fill("Rank [[$rank]] of job [[$job]] steps at {{ $value | humanizePercentage }} of "
+                 "the job's median rate ([[median]] steps/s), below [[ratio]].",
+                 median=query(STEP_RATE_MEDIAN, ("job",), 'value | printf "%.3g"'),
+                 ratio=f"{thresholds.straggler_ratio:.0%}"),
+            training_dashboard(), cause="step_rate"),
+        waits_least(rank_servers, node_agents, thresholds),
+    )
+
+
+def waits_least(rank_servers: Selector, node_agents: Selector, thresholds: Thresholds) -> Alert:
+    """TrainingStraggler: in a synchronous job every rank steps at the slowest one's
+    rate: the straggler is the rank that hardly waits while the others wait for it."""
+    # A run with a stalled, failed or unanswering rank hangs or dies (the hang and
+    # rank-down alerts'): its ranks' shares of time waiting say nothing about a
+    # straggler then.
+    stalled_runs = runs_with(on_any_rank(
+        lambda view: (f"{rank_stalled(view)}\n"
+                      f"or ignoring (phase) {in_phase(view, FAILED)}\n"
+                      f"or {rank_down(view)}"), rank_servers, node_agents))
+    return Alert(
+        "TrainingStraggler",
+        expr(f"""
+            {WAIT_SHARE}
+              < on (run) group_left ()
+                ({number(thresholds.straggler_wait_ratio)} * {WAIT_SHARE_MEDIAN})
+            and on (run)
+              ({WAIT_SHARE_MEDIAN} > {number(thresholds.straggler_min_waiting)})
+            and on (run)
+              (count by (run) ({WAIT_SHARE}) > 1)
+        """) + f"\nunless on (run)\n{indent(stalled_runs)}",
+        "warning", SUMMARY,
+        fill("Rank [[$rank]][[of_run]] on [[$instance]] is the rank the others wait for at "
+             "every step: it waits for them {{ $value | humanizePercentage }} of the time, "
+             "while the run's median rank waits [[median]] (in a synchronous job every "
+             "rank steps at the slowest one's rate).",
+             median=first_sample(f"{WAIT_SHARE_MEDIAN}{{run=%q}}", "$labels.run",
+                                 "{{ .Value | humanizePercentage }}")),
+        training_dashboard(), cause="waits_least")

@@ -1,0 +1,113 @@
+"""Stalls: TrainingStalled, TrainingStartupStuck, CheckpointStuck.
+
+A rank that stays in one phase beyond that phase's budget. In every phase
+``colossalai_training_step_timeout_seconds`` is the budget of that phase
+(start-up, step or checkpoint), so these rules compare against it rather than
+against one fixed number for every model size. Stalls are consequences: the
+rank a stalled run waits for is named by training_hangs.py, and a cause alert
+of the run (a checkpoint stuck in torch.save, a failed kernel build) mutes them.
+"""
+
+from __future__ import annotations
+
+from colossalai_exporter.rulesgen.common import (
+    ACTIVITY,
+    RANK,
+    STALLED,
+    TRAINING,
+    in_phase,
+    last_error,
+    on_any_rank,
+    only_in_phase,
+    phase_is,
+    ranks_of_run,
+    training_dashboard,
+    with_run,
+)
+from colossalai_exporter.rulesgen.model import Alert
+from colossalai_exporter.rulesgen.promql import Selector, expr, fill, query, with_first
+
+BUDGET = "colossalai_training_step_timeout_seconds"
+PHASE_START = "colossalai_training_phase_start_timestamp_seconds"
+
+
+def _budget() -> str:
+    """The rank's budget for its phase, e.g. "10m"."""
+    return query(BUDGET, RANK, "value | humanizeDuration")
+
+
+def stalled(rank_servers: Selector) -> Alert:
+    """TrainingStalled: a rank in phase training with no step within its step budget."""
+    phase_start = rank_servers(PHASE_START)
+    # Time in phase training without a step: since the last step, or since the
+    # rank (re-)entered training (after start-up or a checkpoint), whichever is later.
+    without_step = expr(f"""
+        (
+          time()
+          - (
+              {rank_servers("colossalai_training_last_step_timestamp_seconds")} > {phase_start}
+            or
+              {phase_start}
+          )
+        )
+        > {rank_servers(BUDGET)}
+    """)
+    return Alert(
+        "TrainingStalled",
+        with_run(only_in_phase(rank_servers, without_step, TRAINING), rank_servers),
+        "critical", "A training rank has made no step for longer than its step budget.",
+        fill("Rank [[$rank]] of job [[$job]] ([[$instance]]) has made no training step "
+             "for {{ $value | humanizeDuration }} (step budget [[budget]]).[[where]]"
+             "[[reach]]",
+             budget=_budget(),
+             # Where its training thread is: the stalled function, when every rank
+             # stalls alike (no rank to name as the one the others wait for).
+             where=with_first(ACTIVITY, RANK,
+                              " It is in {{ .Labels.activity }} at {{ .Labels.frame }}."),
+             reach=ranks_of_run(f"{STALLED} == 1", "rank(s) of this run are stalled.")),
+        training_dashboard())
+
+
+def phase_over_budget(name: str, phases: tuple[str, ...], summary: str, what: str,
+                      rank_servers: Selector, node_agents: Selector) -> Alert:
+    """``name``: a rank in one of ``phases`` for longer than its budget, in either view.
+
+    A rank frozen with the GIL held (a checkpoint write into a hung mount inside
+    torch.save) cannot answer its own scrape; its last snapshot, which the node agent
+    serves, still says which phase it is stuck in, and since when.
+    """
+    matcher = phase_is(*phases)
+
+    def over_budget(view: Selector) -> str:
+        return expr(f"""
+            (
+                time() - {view(PHASE_START)}
+              > {view(BUDGET)}
+            )
+            * ignoring (phase) group_left (phase)
+              ({in_phase(view, matcher)})
+        """)
+
+    return Alert(
+        name, on_any_rank(over_budget, rank_servers, node_agents), "critical", summary,
+        fill("Rank [[$rank]][[of_run]] on [[$instance]] has been in phase "
+             "[[$phase]] for {{ $value | humanizeDuration }}, beyond its budget of "
+             "[[budget]]: [[what]].[[last_error]]", budget=_budget(), what=what,
+             last_error=last_error()),
+        training_dashboard())
+
+
+def startup_stuck(rank_servers: Selector, node_agents: Selector) -> Alert:
+    """TrainingStartupStuck: model set-up or a kernel build beyond the start-up budget."""
+    return phase_over_budget(
+        "TrainingStartupStuck", ("init", "kernels"),
+        "A training rank is stuck in start-up (init or kernel build) beyond its budget.",
+        "model set-up or a JIT kernel build that does not finish", rank_servers, node_agents)
+
+
+def checkpoint_stuck(rank_servers: Selector, node_agents: Selector) -> Alert:
+    """CheckpointStuck: a checkpoint save beyond the checkpoint budget (a cause alert)."""
+    return phase_over_budget(
+        "CheckpointStuck", ("checkpointing",),
+        "A checkpoint save has run longer than its budget.",
+        "a checkpoint save that does not finish", rank_servers, node_agents)
