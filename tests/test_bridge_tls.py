@@ -222,7 +222,7 @@ def test_check_reports_each_tls_problem_on_its_own_line(tmp_path: Path,
         "targets[g].tls.cert_file: cert_file and key_file must be a PEM certificate and its "
         "unencrypted private key ([X509: KEY_VALUES_MISMATCH] key values mismatch)",
         "targets[h].tls.insecure_skip_verify: expected `bool`, got `str`",
-        "targets[i].tls: expected `object`, got `str`",
+        "targets[i].tls: expected `object | null`, got `str`",
         "targets[l].tls.min_version: invalid enum value 'TLS14' (one of: TLS10, TLS11, TLS12, "
         "TLS13)",
         "targets[j].fail.tls: unknown key `ca` (known: ca_file, cert_file, key_file, "

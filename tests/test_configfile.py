@@ -8,17 +8,20 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from colossalai_exporter.bridge.config import parse_duration as bridge_duration
+from colossalai_exporter.bridge.config import DeliverySection
 from colossalai_exporter.configfile import (
     ConfigPath,
     Seconds,
     Section,
+    convert,
+    convert_all,
     load,
     parse_duration,
     parse_prometheus_duration,
 )
 from colossalai_exporter.errors import ConfigError
-from colossalai_exporter.probe.config import parse_duration as probe_duration
+from colossalai_exporter.node.config import GpuSection
+from colossalai_exporter.probe.config import ModuleSection
 from colossalai_exporter.rulesgen.config import Duration
 
 
@@ -30,19 +33,24 @@ from colossalai_exporter.rulesgen.config import Duration
 ])
 def test_one_duration_grammar_for_every_config(text: str, seconds: float) -> None:
     assert parse_duration(text) == pytest.approx(seconds)
-    assert bridge_duration(text) == pytest.approx(seconds)
-    if seconds > 0:  # the prober's timeouts must be positive
-        assert probe_duration(text, "timeout") == pytest.approx(seconds)
+    # every component's file reads it through the layer's one Seconds type
+    assert convert({"initial_backoff": text}, DeliverySection).initial_backoff == \
+        pytest.approx(seconds)
+    module = convert({"prober": "http", "timeout": text}, ModuleSection)
+    assert module.timeout == pytest.approx(seconds)
+    assert convert({"timeout_seconds": text}, GpuSection).timeout_seconds == \
+        pytest.approx(seconds)
 
 
 @pytest.mark.parametrize("text", ["", "5 min", "-1s", "1h 30m", "ten", "1.5m30s", "s"])
 def test_what_is_not_a_duration_is_refused_everywhere(text: str) -> None:
     with pytest.raises(ValueError, match="is not a duration"):
         parse_duration(text)
-    with pytest.raises(ValueError, match="is not a duration"):
-        bridge_duration(text)
-    with pytest.raises(ConfigError, match="must be a duration"):
-        probe_duration(text, "modules.x.timeout")
+    for section, data in ((DeliverySection, {"initial_backoff": text}),
+                          (ModuleSection, {"prober": "http", "timeout": text}),
+                          (GpuSection, {"timeout_seconds": text})):
+        with pytest.raises(ConfigError, match=r"(not a duration|cannot be negative)"):
+            convert(data, section)
 
 
 def test_rule_durations_are_exactly_prometheus_grammar() -> None:
@@ -125,3 +133,23 @@ def test_one_way_to_read_a_secret_for_the_bridge_and_the_prober(
     with pytest.raises(ConfigError,
                        match=r"modules\.m\.http\.header_files\.Authorization: .*empty is empty"):
         apply_file(ProbeConfig(), load_yaml_file(probe), probe)
+
+
+def test_convert_all_reports_every_key_at_fault_once() -> None:
+    class Part(Section, frozen=True):
+        name: str
+        timeout: Seconds = Seconds(1)
+        retries: int = 3
+
+    value, problems = convert_all({"name": "x", "timeout": "soon", "retries": "3", "extra": 1},
+                                  Part, "f.yml", at="parts[x]")
+    assert problems == [
+        "f.yml: parts[x].timeout: 'soon' is not a duration (like 30s, 5m, 1h30m, 500ms)",
+        "f.yml: parts[x].retries: expected `int`, got `str`",
+        "f.yml: parts[x]: unknown key `extra` (known: name, timeout, retries)",
+    ]
+    assert value == Part(name="x")  # what the rest converted to, the faulty keys at defaults
+    # a required key at fault: reported once, never as "missing" too, and no value
+    value, problems = convert_all({"name": 5}, Part)
+    assert (value, problems) == (None, ["name: expected `str`, got `int`"])
+    assert convert_all({"name": "ok"}, Part) == (Part(name="ok"), [])

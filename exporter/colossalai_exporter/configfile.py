@@ -269,16 +269,18 @@ def describe(error: msgspec.ValidationError, kind: Any = None, at: str = "") -> 
     message = message.replace("Object missing required field", "missing key")
     message = message[:1].lower() + message[1:]
     path = (match.group("path") or "").lstrip(".")
-    if message.startswith("invalid enum value") and kind is not None:
-        allowed = _literal_values(kind, path)
+    if message.startswith(("invalid enum value", "invalid value")) and kind is not None:
+        allowed = _literal_values(kind, path) or _tags(kind, path)
         if allowed:
             message += f" (one of: {', '.join(allowed)})"
     unknown = re.match(r"^unknown key `(?P<key>[^`]*)`$", message)
     if unknown and kind is not None:
         section = _unwrap(_type_at(kind, path))
         if isinstance(section, type) and issubclass(section, msgspec.Struct):
-            message = unknown_key(unknown.group("key"),
-                                  [f.encode_name for f in msgspec.structs.fields(section)])
+            tag_field = section.__struct_config__.tag_field  # a tagged Struct's `type`, say
+            message = unknown_key(unknown.group("key"), [
+                *([tag_field] if tag_field else []),
+                *(f.encode_name for f in msgspec.structs.fields(section))])
     if at:
         path = f"{at}{path}" if path.startswith("[") else ".".join(filter(None, (at, path)))
     return f"{path}: {message}" if path else message
@@ -294,12 +296,30 @@ def _type_at(kind: Any, path: str) -> Any:
         if segment.startswith("["):
             args = typing.get_args(kind)
             kind = args[-1] if args else None  # list[T] -> T, dict[K, V] -> V
-        elif isinstance(kind, type) and issubclass(kind, msgspec.Struct):
-            fields = {f.encode_name: f.type for f in msgspec.structs.fields(kind)}
-            kind = fields.get(segment)
+        elif _structs(kind):
+            # A tagged union's members: the first that has the key (msgspec's error
+            # does not say which member it was converting).
+            kind = next((f.type for member in _structs(kind)
+                         for f in msgspec.structs.fields(member) if f.encode_name == segment),
+                        None)
         else:
             return None
     return kind
+
+
+def _structs(kind: Any) -> list[type[msgspec.Struct]]:
+    """``kind`` itself if it is a Struct, the Structs of a union of them, else none."""
+    members = typing.get_args(kind) if typing.get_origin(kind) in (
+        typing.Union, types.UnionType) else (kind,)
+    return [m for m in members if isinstance(m, type) and issubclass(m, msgspec.Struct)]
+
+
+def _tags(kind: Any, path: str) -> list[str]:
+    """The tags a tagged union at ``path``'s parent takes in the key ``path`` names."""
+    parent, _, key = path.rpartition(".")
+    members = _structs(_unwrap(_type_at(kind, parent) if parent else kind))
+    return [str(m.__struct_config__.tag) for m in members
+            if m.__struct_config__.tag_field == key]
 
 
 def _literal_values(kind: Any, path: str) -> list[str]:
@@ -335,6 +355,40 @@ def convert(data: Any, kind: type[T], source: str = "", base: Path | None = None
     except msgspec.ValidationError as exc:
         problem = describe(exc, kind, at)
         raise ConfigError(f"{source}: {problem}" if source else problem) from None
+
+
+def convert_all(data: Any, kind: Any, source: str = "", base: Path | None = None,
+                at: str = "") -> tuple[Any, list[str]]:
+    """Like :func:`convert`, but every problem of ``data``, one per key: msgspec stops at
+    the first, so each time the key at fault is set aside and the rest converted again
+    (``bridge check`` lists every problem of a target). Returns the problems and what
+    the rest converted to: the value itself when there was no problem; with problems,
+    the value without the keys at fault (for checks that need the whole), or None
+    where a key that must be there was at fault.
+    """
+    problems: list[str] = []
+    rest = dict(data) if isinstance(data, dict) else data
+    dropped: set[str] = set()
+    while True:
+        try:
+            value = msgspec.convert(rest, kind, strict=True,
+                                    dec_hook=_decoder(base or Path.cwd()))
+        except msgspec.ValidationError as exc:
+            match = _AT.match(str(exc))
+            assert match is not None  # the pattern matches any text
+            key = _SEGMENT.findall((match.group("path") or "").lstrip("."))[:1]
+            missing = re.search(r"missing required field `([^`]*)`", str(exc))
+            if not (missing and missing.group(1) in dropped):  # set aside by us, not absent
+                problem = describe(exc, kind, at)
+                problems.append(f"{source}: {problem}" if source else problem)
+            unknown = re.search(r"unknown field `([^`]*)`", str(exc))
+            name = unknown.group(1) if unknown and not key else key[0] if key else None
+            if name is None or not isinstance(rest, dict) or name not in rest:
+                return None, problems
+            rest = {k: v for k, v in rest.items() if k != name}
+            dropped.add(name)
+            continue
+        return value, problems
 
 
 def load(path: str | Path, kind: type[T], what: str = "config file") -> T:

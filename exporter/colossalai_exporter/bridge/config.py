@@ -6,8 +6,14 @@ Secrets — heartbeat URLs carry their token, bearer tokens, HMAC keys — can b
 given as ``KEY_file`` (a path; trailing newline stripped) or ``KEY_env`` (an
 environment variable) instead of inline. See docs/bridge.md for every key.
 
-:func:`validate` collects every problem (``bridge check`` prints them all);
-:func:`load_config` raises the first as a one-line :class:`ConfigError`.
+The file is read through the config layer (configfile.py) like every other:
+its shape is the msgspec Structs below, the targets a union tagged by
+``type``. msgspec stops at a structure's first problem, and ``bridge check``
+must list every one, so :func:`validate` converts each part on its own (every
+top-level section, then each target) and collects what each says, in the
+layer's words; what only the whole can tell (a target's URL scheme, its
+secrets, two targets with one name) is checked after. :func:`load_config`
+raises the first problem as a one-line :class:`ConfigError`.
 """
 
 from __future__ import annotations
@@ -15,8 +21,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
+
+import msgspec
 
 from colossalai_exporter import configfile
 from colossalai_exporter.bridge.matchers import (
@@ -26,14 +34,15 @@ from colossalai_exporter.bridge.matchers import (
     compile_selector,
     parse_selector,
 )
+from colossalai_exporter.configfile import ConfigPath, NonEmpty, Seconds, Section
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.flags import load_yaml_file
 
 KINDS = ("heartbeat", "health_heartbeat", "webhook")
-BODIES = ("stable", "alertmanager")
 METHODS = ("GET", "POST", "HEAD", "PUT")
 DEFAULT_HEARTBEAT_SELECTOR = ('alertname="Watchdog"',)
 _NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
+T = TypeVar("T")
 
 
 class TLSSettings(configfile.TLSClient, frozen=True):
@@ -130,29 +139,93 @@ class BridgeConfig:
         raise KeyError(name)
 
 
-def parse_duration(value: Any) -> float:
-    """``250ms``, ``10s``, ``5m``, ``4h``, ``1d`` or a number of seconds -> seconds."""
-    if isinstance(value, bool):
-        raise ValueError("must be a duration like 10s, 5m or 4h")
-    if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str):
-        try:  # the config layer's one grammar
-            seconds = configfile.parse_duration(value)
-        except ValueError:
-            raise ValueError(f"{value!r} is not a duration like 10s, 5m or 4h") from None
-    else:
-        raise ValueError(f"{value!r} is not a duration like 10s, 5m or 4h")
-    if seconds < 0:
-        raise ValueError("must not be negative")
-    return seconds
+# The file's shape (deploy/bridge/bridge.example.yml; docs/bridge.md explains each key).
+# Every secret is KEY, KEY_file or KEY_env: exactly one (see _secret).
+StatusCode = Annotated[int, msgspec.Meta(ge=100, le=599)]
+
+
+class EndpointSection(Section, frozen=True):
+    """Where a target's requests go; a heartbeat's ``fail`` block is one of these."""
+
+    url: NonEmpty | None = None
+    url_file: ConfigPath | None = None
+    url_env: NonEmpty | None = None
+    method: NonEmpty | None = None  # any case, as curl takes it
+    timeout: Seconds | None = None
+    success_codes: Annotated[list[StatusCode], msgspec.Meta(min_length=1)] | None = None
+    headers: dict[str, str] | None = None
+    tls: TLSSettings | None = None
+
+
+class _TargetSection(EndpointSection, frozen=True, tag_field="type"):
+    name: str = ""  # checked before conversion (_target_name)
+    selector: list[str] | str | None = None
+
+
+class HeartbeatSection(_TargetSection, frozen=True, tag="heartbeat"):
+    fail: EndpointSection | None = None
+    ttl: Seconds = Seconds(300)
+    min_interval: Seconds = Seconds(0)
+    period: Seconds = Seconds(300)
+
+
+class HealthHeartbeatSection(_TargetSection, frozen=True, tag="health_heartbeat"):
+    interval: Seconds = Seconds(60)
+    alert_ttl: Seconds = Seconds(900)
+
+
+class WebhookSection(_TargetSection, frozen=True, tag="webhook"):
+    body: Literal["stable", "alertmanager"] = "stable"
+    signing_secret: NonEmpty | None = None
+    signing_secret_file: ConfigPath | None = None
+    signing_secret_env: NonEmpty | None = None
+    dedup_window: Seconds = Seconds(14400)
+    max_age: Seconds = Seconds(86400)
+
+
+TargetSection = HeartbeatSection | HealthHeartbeatSection | WebhookSection
+# A target whose type is known is converted as that type, so that an unknown key is
+# answered with that type's keys; the union answers a missing or unknown type.
+_BY_TYPE: dict[object, type[_TargetSection]] = {
+    cls.__struct_config__.tag: cls for cls in (HeartbeatSection, HealthHeartbeatSection,
+                                               WebhookSection)}
+
+
+class ReceiverSection(Section, frozen=True):
+    bearer_token: NonEmpty | None = None
+    bearer_token_file: ConfigPath | None = None
+    bearer_token_env: NonEmpty | None = None
+    max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 4 << 20
+    body_timeout: Seconds = Seconds(10)
+
+
+class DeliverySection(Section, frozen=True):
+    initial_backoff: Seconds = Seconds(1)
+    max_backoff: Seconds = Seconds(300)
+    max_retry_after: Seconds = Seconds(600)
+
+
+class HealthSection(Section, frozen=True):
+    unhealthy_after_periods: Annotated[float, msgspec.Meta(ge=1)] = 3.0
+
+
+class BridgeFile(Section, frozen=True):
+    """The top level. Fields in alphabetical order: an unknown key lists them so.
+    ``targets`` is converted one target at a time (see the module docstring)."""
+
+    delivery: Any = None
+    health: Any = None
+    receiver: Any = None
+    state_dir: Any = None
+    targets: Any = None
 
 
 class _Problems:
-    """Collects problems (and warnings) with the key path each is about."""
+    """Every problem (and warning) found, one line each, naming the file and the key."""
 
-    def __init__(self, source: str) -> None:
-        self.source = source
+    def __init__(self, source: Path | None) -> None:
+        self.source = str(source) if source else "bridge config"
+        self.base = source.parent.absolute() if source else Path.cwd()
         self.items: list[str] = []
         self.warnings: list[str] = []
 
@@ -163,123 +236,46 @@ class _Problems:
     def warn(self, where: str, message: str) -> None:
         self.warnings.append(f"{self.source}: {where}: warning: {message}")
 
-    @property
-    def base(self) -> Path:
-        """The folder relative paths are relative to: the config file's."""
-        return Path(self.source).parent.absolute() if self.source else Path.cwd()
-
-    def path(self, value: str) -> Path:
-        """A path from the config: relative ones are relative to the config file's folder."""
-        path = Path(value)
-        if not path.is_absolute() and self.source:
-            path = Path(self.source).parent / path
-        return path
-
-
-class _Section:
-    """One mapping of the config, with typed getters that record problems."""
-
-    def __init__(self, data: Any, where: str, problems: _Problems, allowed: set[str]) -> None:
-        self.where = where
-        self.problems = problems
-        if data is None:
-            data = {}
-        if not isinstance(data, dict):
-            problems.add(where, f"must be a mapping, got {type(data).__name__}")
-            data = {}
-        self.data: dict[str, Any] = data
-        for key in sorted(set(data) - allowed, key=str):
-            problems.add(where, configfile.unknown_key(key, sorted(allowed)))
-
-    def _at(self, key: str) -> str:
-        return f"{self.where}.{key}" if self.where else key
-
-    def duration(self, key: str, default: float, *, positive: bool = False) -> float:
-        if key not in self.data:
-            return default
-        try:
-            value = parse_duration(self.data[key])
-        except ValueError as exc:
-            self.problems.add(self._at(key), str(exc))
-            return default
-        if positive and value <= 0:
-            self.problems.add(self._at(key), "must be greater than 0")
-            return default
+    def convert(self, data: Any, kind: Any, at: str) -> Any:
+        """``data`` as ``kind`` through the config layer, every problem kept (one per
+        key); with problems, what the rest converted to, for the checks after, or None."""
+        value, problems = configfile.convert_all({} if data is None else data, kind,
+                                                 self.source, self.base, at=at)
+        self.items.extend(problems)
         return value
 
-    def string(self, key: str, default: str | None = None,
-               choices: tuple[str, ...] | None = None) -> str | None:
-        value = self.data.get(key, default)
-        if value is None:
-            return None
-        if not isinstance(value, str):
-            self.problems.add(self._at(key), f"must be a string, got {type(value).__name__}")
-            return default
-        if choices and value not in choices:
-            self.problems.add(self._at(key), f"must be one of {', '.join(choices)}, "
-                              f"got {value!r}")
-            return default
-        return value
-
-    def boolean(self, key: str, default: bool) -> bool:
-        value = self.data.get(key, default)
-        if not isinstance(value, bool):
-            self.problems.add(self._at(key), f"must be true or false, got {value!r}")
-            return default
-        return value
-
-    def integer(self, key: str, default: int, minimum: int = 0) -> int:
-        value = self.data.get(key, default)
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            self.problems.add(self._at(key), f"must be an integer >= {minimum}")
-            return default
-        return value
-
-    def secret(self, key: str, *, required: bool) -> str | None:
-        """``key``, ``key_file`` or ``key_env``: exactly one (or none when optional)."""
-        given = [k for k in (key, f"{key}_file", f"{key}_env") if k in self.data]
-        if len(given) > 1:
-            self.problems.add(self.where, f"give only one of {', '.join(given)}")
-            return None
-        if not given:
-            if required:
-                self.problems.add(self.where, f"{key} (or {key}_file, {key}_env) is required")
-            return None
-        which = given[0]
-        value = self.data[which]
-        if not isinstance(value, str) or not value:
-            self.problems.add(self._at(which), "must be a non-empty string")
-            return None
-        try:
-            if which.endswith("_file"):
-                return configfile.secret_from_file(self.problems.path(value))
-            if which.endswith("_env"):
-                return configfile.secret_from_env(value)
-        except ConfigError as exc:
-            self.problems.add(self._at(which), str(exc))
-            return None
-        return value
+    def positive(self, where: str, seconds: float) -> None:
+        if seconds <= 0:
+            self.add(where, "must be greater than 0")
 
 
-_ENDPOINT_KEYS = {"url", "url_file", "url_env", "method", "timeout", "success_codes", "headers",
-                  "tls"}
-_TARGET_KEYS = {
-    "heartbeat": {"name", "type", "selector", "fail", "ttl", "min_interval", "period"},
-    "health_heartbeat": {"name", "type", "selector", "interval", "alert_ttl"},
-    "webhook": {"name", "type", "selector", "body", "signing_secret", "signing_secret_file",
-                "signing_secret_env", "dedup_window", "max_age"},
-}
-
-
-def _tls(data: Any, where: str, problems: _Problems) -> TLSSettings:
-    """The ``tls`` block at ``where``; files are opened and parsed now, so a bad
-    certificate fails `bridge check` instead of every delivery after start-up."""
+def _secret(section: Section, key: str, where: str, problems: _Problems, *,
+            required: bool) -> str | None:
+    """``key``, ``key_file`` or ``key_env`` of ``section``: exactly one (none if optional)."""
+    given = [k for k in (key, f"{key}_file", f"{key}_env") if getattr(section, k) is not None]
+    if len(given) > 1:
+        problems.add(where, f"give only one of {', '.join(given)}")
+        return None
+    if not given:
+        if required:
+            problems.add(where, f"{key} (or {key}_file, {key}_env) is required")
+        return None
+    which = given[0]
+    value = str(getattr(section, which))
     try:
-        tls = configfile.convert({} if data is None else data, TLSSettings, problems.source,
-                                 problems.base, at=where)
+        if which.endswith("_file"):
+            return configfile.secret_from_file(value)
+        if which.endswith("_env"):
+            return configfile.secret_from_env(value)
     except ConfigError as exc:
-        problems.items.append(str(exc))
-        return TLSSettings()
+        problems.add(f"{where}.{which}", str(exc))
+        return None
+    return value
+
+
+def _tls(tls: TLSSettings, where: str, problems: _Problems) -> TLSSettings:
+    """The files a ``tls`` block names are opened and parsed now, so a bad certificate
+    fails `bridge check` instead of every delivery after start-up."""
     for key, problem in tls.problems():
         problems.add(f"{where}.{key}", problem)
     if tls.insecure_skip_verify:
@@ -291,9 +287,9 @@ def _tls(data: Any, where: str, problems: _Problems) -> TLSSettings:
     return tls
 
 
-def _endpoint(section: _Section, default_method: str, *, required: bool = True,
-              inherit: HttpCall | None = None) -> HttpCall | None:
-    """An endpoint from its section; what the section leaves out comes from ``inherit``.
+def _http_call(section: EndpointSection, where: str, problems: _Problems, default_method: str,
+               inherit: HttpCall | None = None) -> HttpCall | None:
+    """The requests of one endpoint; what the section leaves out comes from ``inherit``.
 
     ``inherit`` is the target's own endpoint when this is its fail URL: the fail
     ping goes to the same service, so it needs the same method, headers (an
@@ -301,118 +297,116 @@ def _endpoint(section: _Section, default_method: str, *, required: bool = True,
     show only when the watched alert resolves — when the pipeline is already
     in trouble. Headers are merged, the section's own winning by name.
     """
-    url = section.secret("url", required=required)
+    url = _secret(section, "url", where, problems, required=True)
     if url is None:
         return None
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
         # The URL itself may hold a token: say what is wrong without echoing it.
-        section.problems.add(section.where, "url must be an absolute http:// or https:// URL")
+        problems.add(where, "url must be an absolute http:// or https:// URL")
     tls = inherit.tls if inherit is not None else None
-    if "tls" in section.data:
-        tls = _tls(section.data["tls"], f"{section.where}.tls", section.problems)
+    if section.tls is not None:
+        tls = _tls(section.tls, f"{where}.tls", problems)
         if parts.scheme == "http":
             # An error, not a warning: whoever wrote the block expects the request to be
             # encrypted and verified, and over http:// it would silently be neither.
-            section.problems.add(f"{section.where}.tls", "is set but url is http://: "
-                                 "TLS settings apply to https:// URLs only")
-    if inherit is not None:
-        default_method = inherit.method
-    method = (section.string("method", default_method) or default_method).upper()
+            problems.add(f"{where}.tls", "is set but url is http://: "
+                         "TLS settings apply to https:// URLs only")
+    method = (section.method or (inherit.method if inherit else default_method)).upper()
     if method not in METHODS:
-        section.problems.add(f"{section.where}.method", f"must be one of {', '.join(METHODS)}")
-    codes_value = section.data.get("success_codes")
-    codes: frozenset[int] = (inherit.success_codes if inherit is not None
-                             else frozenset(range(200, 300)))
-    if codes_value is not None:
-        if not isinstance(codes_value, list) or not codes_value or not all(
-                isinstance(c, int) and not isinstance(c, bool) and 100 <= c <= 599
-                for c in codes_value):
-            section.problems.add(f"{section.where}.success_codes",
-                                 "must be a non-empty list of HTTP status codes (100-599)")
-        else:
-            codes = frozenset(codes_value)
-    headers_value = section.data.get("headers") or {}
-    headers: tuple[tuple[str, str], ...] = ()
-    if not isinstance(headers_value, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in headers_value.items()):
-        section.problems.add(f"{section.where}.headers", "must map header names to strings")
-    else:
-        own = {name.lower() for name in headers_value}
-        inherited = [(k, v) for k, v in (inherit.headers if inherit is not None else ())
-                     if k.lower() not in own]
-        headers = (*inherited, *headers_value.items())
-    timeout = section.duration("timeout", inherit.timeout if inherit is not None else 10.0,
-                               positive=True)
+        problems.add(f"{where}.method", f"must be one of {', '.join(METHODS)}")
+    codes = (frozenset(section.success_codes) if section.success_codes is not None
+             else inherit.success_codes if inherit is not None else frozenset(range(200, 300)))
+    own = {name.lower() for name in section.headers or {}}
+    inherited = [(k, v) for k, v in (inherit.headers if inherit is not None else ())
+                 if k.lower() not in own]
+    timeout = (section.timeout if section.timeout is not None
+               else inherit.timeout if inherit is not None else 10.0)
+    problems.positive(f"{where}.timeout", timeout)
     return HttpCall(url=url, method=method, timeout=timeout, success_codes=codes,
-                    headers=headers, tls=tls)
+                    headers=(*inherited, *(section.headers or {}).items()), tls=tls)
 
 
-def _selector(section: _Section, default: tuple[str, ...]) -> tuple[Matcher, ...]:
-    items = section.data.get("selector", list(default))
-    if isinstance(items, str):
-        items = [items]
-    if not isinstance(items, list) or not all(isinstance(i, str) for i in items):
-        section.problems.add(f"{section.where}.selector",
-                             'must be a list of matchers like alertname="Watchdog"')
-        return ()
+def _selector(items: list[str] | str | None, where: str,
+              problems: _Problems) -> tuple[Matcher, ...]:
     try:
-        return parse_selector(items)
+        return parse_selector([items] if isinstance(items, str) else items or [])
     except MatcherError as exc:
-        section.problems.add(f"{section.where}.selector", str(exc))
+        problems.add(f"{where}.selector", str(exc))
         return ()
 
 
-def _target(data: Any, index: int, problems: _Problems) -> Target | None:
-    where = f"targets[{index}]"
+def _target_name(data: Any, index: int, problems: _Problems) -> str | None:
+    """The target's name, checked before the rest: it names the target in every other
+    problem (``targets[oncall].url``), and in metrics and logs instead of its URL."""
     if not isinstance(data, dict):
-        problems.add(where, "must be a mapping")
-        return None
-    kind = data.get("type")
-    if kind not in KINDS:
-        problems.add(f"{where}.type", f"must be one of {', '.join(KINDS)}, got {kind!r}")
+        problems.add(f"targets[{index}]", "must be a mapping")
         return None
     name = data.get("name")
     if not isinstance(name, str) or not _NAME.match(name):
-        problems.add(f"{where}.name", "is required: 1-64 letters, digits, '_', '.', '-' "
-                     "(it names the target in metrics and logs instead of its URL)")
-        name = f"#{index}"
-    else:
-        where = f"targets[{name}]"
-    section = _Section(data, where, problems, _TARGET_KEYS[kind] | _ENDPOINT_KEYS)
-    endpoint = _endpoint(section, "POST" if kind == "webhook" else "GET")
+        problems.add(f"targets[{index}].name", "is required: 1-64 letters, digits, '_', '.', "
+                     "'-' (it names the target in metrics and logs instead of its URL)")
+        return None
+    return name
+
+
+def _target(data: dict[str, Any], name: str, problems: _Problems) -> Target | None:
+    where = f"targets[{name}]"
+    section = problems.convert(data, _BY_TYPE.get(data.get("type"), TargetSection), where)
+    if section is None:
+        return None
+    kind = str(type(section).__struct_config__.tag)
+    endpoint = _http_call(section, where, problems, "POST" if kind == "webhook" else "GET")
     if endpoint is None:
         return None
-    if kind == "heartbeat":
-        fail_endpoint = None
-        if data.get("fail") is not None:
-            # Everything but the URL defaults to the target's (see _endpoint).
-            fail_endpoint = _endpoint(_Section(data["fail"], f"{where}.fail", problems,
-                                               _ENDPOINT_KEYS), "GET", inherit=endpoint)
-        return Target(name=name, kind=kind, endpoint=endpoint,
-                      selector=_selector(section, DEFAULT_HEARTBEAT_SELECTOR),
-                      fail_endpoint=fail_endpoint,
-                      ttl=section.duration("ttl", 300.0, positive=True),
-                      min_interval=section.duration("min_interval", 0.0),
-                      period=section.duration("period", 300.0, positive=True))
-    if kind == "health_heartbeat":
-        if "selector" not in data:
+    if isinstance(section, HeartbeatSection):
+        fail = None
+        if section.fail is not None:  # everything but the URL defaults to the target's
+            fail = _http_call(section.fail, f"{where}.fail", problems, "GET", endpoint)
+        for key in ("ttl", "period"):
+            problems.positive(f"{where}.{key}", getattr(section, key))
+        selector = (list(DEFAULT_HEARTBEAT_SELECTOR) if section.selector is None
+                    else section.selector)
+        return Target(name=name, kind=kind, endpoint=endpoint, fail_endpoint=fail,
+                      selector=_selector(selector, where, problems), ttl=section.ttl,
+                      min_interval=section.min_interval, period=section.period)
+    if isinstance(section, HealthHeartbeatSection):
+        if section.selector is None:
             problems.add(f"{where}.selector", "is required: the alerts whose firing pauses "
                          "this heartbeat")
-        target = Target(name=name, kind=kind, endpoint=endpoint,
-                        selector=_selector(section, ()),
-                        interval=section.duration("interval", 60.0, positive=True),
-                        alert_ttl=section.duration("alert_ttl", 900.0, positive=True))
-        if target.alert_ttl <= target.interval:
+        problems.positive(f"{where}.interval", section.interval)
+        if section.alert_ttl <= section.interval:
             problems.add(f"{where}.alert_ttl", "must be longer than interval (and than "
                          "Alertmanager's repeat_interval + group_interval)")
-        return target
-    secret = section.secret("signing_secret", required=False)
-    return Target(name=name, kind=kind, endpoint=endpoint, selector=_selector(section, ()),
-                  body=section.string("body", "stable", BODIES) or "stable",
+        return Target(name=name, kind=kind, endpoint=endpoint,
+                      selector=_selector(section.selector, where, problems),
+                      interval=section.interval, alert_ttl=section.alert_ttl)
+    problems.positive(f"{where}.max_age", section.max_age)
+    secret = _secret(section, "signing_secret", where, problems, required=False)
+    return Target(name=name, kind=kind, endpoint=endpoint,
+                  selector=_selector(section.selector, where, problems), body=section.body,
                   signing_secret=secret.encode() if secret else None,
-                  dedup_window=section.duration("dedup_window", 14400.0),
-                  max_age=section.duration("max_age", 86400.0, positive=True))
+                  dedup_window=section.dedup_window, max_age=section.max_age)
+
+
+def _targets(data: Any, problems: _Problems) -> list[Target]:
+    if not isinstance(data, list) or not data:
+        problems.add("targets", "must be a non-empty list of heartbeat, health_heartbeat or "
+                     "webhook targets")
+        return []
+    targets: list[Target] = []
+    seen: set[str] = set()
+    for index, item in enumerate(data):
+        name = _target_name(item, index, problems)
+        if name is None:
+            continue
+        if name in seen:
+            problems.add(f"targets[{name}].name", "is used by two targets")
+        seen.add(name)
+        target = _target(item, name, problems)
+        if target is not None:
+            targets.append(target)
+    return targets
 
 
 def validate(data: Any, source: Path | None = None) -> tuple[BridgeConfig | None, list[str]]:
@@ -425,55 +419,39 @@ def validate(data: Any, source: Path | None = None) -> tuple[BridgeConfig | None
 
 
 def _validate(data: Any, source: Path | None) -> tuple[BridgeConfig | None, _Problems]:
-    problems = _Problems(str(source) if source else "bridge config")
-    root = _Section(data, "", problems, {"state_dir", "receiver", "delivery", "targets",
-                                        "health"})
-    state_dir = root.string("state_dir")
-    if not state_dir:
+    problems = _Problems(source)
+    root = problems.convert(data, BridgeFile, "")
+    if root is None:
+        return None, problems
+    state_dir = None
+    if root.state_dir is None:
         problems.add("state_dir", "is required: the directory holding the SQLite outbox")
-    receiver = _Section(root.data.get("receiver"), "receiver", problems,
-                        {"bearer_token", "bearer_token_file", "bearer_token_env",
-                         "max_body_bytes", "body_timeout"})
-    token = receiver.secret("bearer_token", required=False)
-    max_body = receiver.integer("max_body_bytes", 4 << 20, minimum=1024)
-    body_timeout = receiver.duration("body_timeout", 10.0, positive=True)
-    delivery_section = _Section(root.data.get("delivery"), "delivery", problems,
-                                {"initial_backoff", "max_backoff", "max_retry_after"})
-    delivery = RetryPolicy(
-        initial_backoff=delivery_section.duration("initial_backoff", 1.0, positive=True),
-        max_backoff=delivery_section.duration("max_backoff", 300.0, positive=True),
-        max_retry_after=delivery_section.duration("max_retry_after", 600.0, positive=True),
-    )
-    health = _Section(root.data.get("health"), "health", problems, {"unhealthy_after_periods"})
-    periods = health.data.get("unhealthy_after_periods", 3)
-    if isinstance(periods, bool) or not isinstance(periods, int | float) or periods < 1:
-        problems.add("health.unhealthy_after_periods", "must be a number >= 1")
-        periods = 3
-    targets_data = root.data.get("targets")
-    targets: list[Target] = []
-    if not isinstance(targets_data, list) or not targets_data:
-        problems.add("targets", "must be a non-empty list of heartbeat, health_heartbeat or "
-                     "webhook targets")
     else:
-        for i, item in enumerate(targets_data):
-            target = _target(item, i, problems)
-            if target is not None:
-                targets.append(target)
-        seen: set[str] = set()
-        for target in targets:
-            if target.name in seen:
-                problems.add(f"targets[{target.name}].name", "is used by two targets")
-            seen.add(target.name)
+        state_dir = problems.convert(root.state_dir, ConfigPath, "state_dir")
+    receiver = problems.convert(root.receiver, ReceiverSection, "receiver")
+    token = None
+    if receiver is not None:
+        token = _secret(receiver, "bearer_token", "receiver", problems, required=False)
+        problems.positive("receiver.body_timeout", receiver.body_timeout)
+    delivery = problems.convert(root.delivery, DeliverySection, "delivery")
+    if delivery is not None:
+        for key in ("initial_backoff", "max_backoff", "max_retry_after"):
+            problems.positive(f"delivery.{key}", getattr(delivery, key))
+    health = problems.convert(root.health, HealthSection, "health")
+    targets = _targets(root.targets, problems)
     if problems.items:
         return None, problems
+    # No problem found: every part was converted.
     assert state_dir is not None
-    state_path = Path(state_dir)
-    if not state_path.is_absolute() and source is not None:
-        state_path = source.parent / state_path
-    return BridgeConfig(state_dir=state_path, targets=tuple(targets), bearer_token=token,
-                        max_body_bytes=max_body, body_timeout=body_timeout, delivery=delivery,
-                        unhealthy_after_periods=float(periods), source=source,
-                        warnings=tuple(problems.warnings)), problems
+    assert receiver is not None
+    assert delivery is not None
+    return BridgeConfig(
+        state_dir=Path(state_dir), targets=tuple(targets), bearer_token=token,
+        max_body_bytes=receiver.max_body_bytes, body_timeout=receiver.body_timeout,
+        delivery=RetryPolicy(delivery.initial_backoff, delivery.max_backoff,
+                             delivery.max_retry_after),
+        unhealthy_after_periods=health.unhealthy_after_periods, source=source,
+        warnings=tuple(problems.warnings)), problems
 
 
 def check_file(path: str | Path) -> tuple[list[str], list[str]]:
