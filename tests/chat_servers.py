@@ -10,6 +10,10 @@ These are the fakes of the probe and chat tests, each mimicking one real server:
 * :func:`colossalchat_app` mimics ColossalChat's web chatbot server: only
   ``POST /generate`` and ``POST /generate/stream`` (server-sent events), no health
   route; FastAPI's own ``/openapi.json`` and ``/docs`` unless switched off.
+* :func:`streaming_app` streams generations in the three shapes the streaming
+  probe reads (probe/stream.py), and misbehaves on request: the first path
+  segment picks how (``/wedge/v1/chat/completions``), so that one probe module per
+  format meets every failure through the target's path prefix.
 """
 
 from __future__ import annotations
@@ -154,3 +158,104 @@ def raw_server(reply: bytes) -> Iterator[int]:
         stop.set()
         thread.join(5)
         sock.close()
+
+
+#: How streaming_app's streams behave, by the first segment of the path.
+STREAM_MODES = ("ok", "wedge", "no_first_token", "cut", "drop", "empty", "error", "garbage",
+                "forever")
+
+
+def _openai_chunk(content: str | None = None, finish: str | None = None) -> str:
+    delta = {"content": content} if content is not None else {"role": "assistant"}
+    choice = {"index": 0, "delta": delta, "finish_reason": finish}
+    return f"data: {json.dumps({'object': 'chat.completion.chunk', 'choices': [choice]})}\n\n"
+
+
+def streaming_app(state: dict[str, Any]) -> FastAPI:
+    """Streams in each shape the real servers use; ``state["health"]`` stays 200 whatever the
+    streams do (the failure the probe exists for: vLLM #39863).
+
+    * OpenAI-compatible (vLLM, SGLang, TGI): ``POST …/v1/chat/completions``, SSE chunks,
+      a role-only first chunk, ``finish_reason`` then ``data: [DONE]``.
+    * Colossal-Inference's ``POST …/generate`` with ``"stream": true``: ``{"text": …}``
+      objects, the text so far each time, each followed by NUL; no final event.
+    * ColossalChat's ``POST …/generate/stream`` (sse-starlette): ``event: generate`` per
+      piece of text, ``event: end``, CRLF line ends, ``: ping`` comments.
+
+    Modes: ``ok``; ``wedge`` (two tokens, then nothing, the connection open);
+    ``no_first_token`` (the head, then nothing); ``cut`` (two tokens, then the body ends
+    without the final event); ``drop`` (two tokens, then the connection is dropped in
+    the middle of the chunked body); ``empty`` (the final event, no token); ``error``
+    (an error event); ``garbage`` (not the format); ``forever`` (tokens without end,
+    50 a second).
+    A stream that waits, waits until the client goes: never on a timer.
+    """
+    app = FastAPI()
+
+    @app.get("/health")
+    def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    async def hold() -> None:
+        await asyncio.Event().wait()  # until the client goes and the task is cancelled
+
+    async def tokens(mode: str, pieces: list[str], final: list[str],
+                     error: str, garbage: str | bytes) -> AsyncIterator[str | bytes]:
+        state.setdefault("streams", []).append(mode)
+        if mode == "no_first_token":
+            await hold()
+        if mode in ("empty",):
+            for piece in final:
+                yield piece
+            return
+        if mode == "error":
+            yield error
+            await hold()
+        if mode == "garbage":
+            yield garbage
+            await hold()
+        while True:
+            for piece in pieces if mode in ("ok", "forever") else pieces[:2]:
+                yield piece
+                # an endless stream paced as a slow model is: it meets the probe's timeout
+                await asyncio.sleep(0.02 if mode == "forever" else 0)
+            if mode != "forever":
+                break
+        if mode == "wedge":
+            await hold()
+        if mode == "drop":
+            raise RuntimeError("the engine process died in the middle of the stream")
+        if mode == "ok":
+            for piece in final:
+                yield piece
+
+    def stream(mode: str, body: AsyncIterator[str | bytes], media: str) -> StreamingResponse:
+        if mode not in STREAM_MODES:
+            raise ValueError(mode)
+        return StreamingResponse(body, media_type=media)
+
+    @app.post("/{mode}/v1/chat/completions")
+    async def openai(mode: str) -> StreamingResponse:
+        pieces = [_openai_chunk(), *(_openai_chunk(t) for t in ("po", "n", "g"))]
+        final = [_openai_chunk(finish="stop"), "data: [DONE]\n\n"]
+        return stream(mode, tokens(mode, pieces, final,
+                                   'data: {"error": {"message": "engine is dead"}}\n\n',
+                                   "data: <html>502 Bad Gateway</html>\n\n"),
+                      "text/event-stream")
+
+    @app.post("/{mode}/generate")
+    async def colossal_inference(mode: str) -> StreamingResponse:
+        so_far = ["po", "pon", "pong"]
+        pieces = [json.dumps({"text": text}) + "\0" for text in so_far]
+        return stream(mode, tokens(mode, pieces, [], "", "not json\0"), "text/plain")
+
+    @app.post("/{mode}/generate/stream")
+    async def colossalchat(mode: str) -> StreamingResponse:
+        pieces = [": ping\r\n\r\n", *(f"event: generate\r\ndata: {t}\r\n\r\n"
+                                        for t in ("po", "n", "g"))]
+        final = ["event: end\r\ndata: \r\n\r\n"]
+        return stream(mode, tokens(mode, pieces, final, "event: error\r\ndata: engine is "
+                                   "dead\r\n\r\n", b"event: generate\r\ndata: \xff\xfe\r\n\r\n"),
+                      "text/event-stream")
+
+    return app

@@ -135,11 +135,15 @@ def test_example_config_loads(tmp_path: Path) -> None:
     # The example names a secret file that exists only where it is deployed.
     secret = tmp_path / "chat-token"
     secret.write_text("Bearer x\n")
-    data["modules"]["chat_generate"]["http"]["header_files"]["Authorization"] = str(secret)
+    for name in ("chat_generate", "chat_stream"):
+        data["modules"][name]["http"]["header_files"]["Authorization"] = str(secret)
     config = ProbeConfig()
     apply_file(config, data, example)
-    assert {"chat_health", "chat_generate", "inference_models", "colossal_inference"} <= set(
-        config.modules)
+    assert {"chat_health", "chat_generate", "chat_stream", "inference_models",
+            "colossal_inference"} <= set(config.modules)
+    stream = config.modules["chat_stream"]
+    assert (stream.stream.format, stream.stream.first_token_timeout,
+            stream.stream.max_token_gap) == ("openai", 10.0, 5.0)
     generate = config.modules["chat_generate"]
     assert generate.http.method == "POST"
     assert generate.timeout == 30.0

@@ -382,8 +382,22 @@ PROBE: tuple[Metric, ...] = (
        component="probe"),
     _m("colossalai_probe_step_success", "gauge",
        "1 for each step of a multi-request probe that passed, 0 for the step that failed "
-       "(ping, engine_check, openapi, docs, root, health, generate, request, connect); "
-       "steps after a failure are absent.", ("step",), component="probe"),
+       "(ping, engine_check, openapi, docs, root, health, generate, stream, request, "
+       "connect); steps after a failure are absent.", ("step",), component="probe"),
+    # A streamed generation (prober stream, probe/stream.py).
+    _m("colossalai_probe_stream_completed", "gauge",
+       "1 when the stream reached its final event ([DONE], a finish_reason, ColossalChat's "
+       "end event, the end of Colossal-Inference's body), else 0.", component="probe"),
+    _m("colossalai_probe_stream_tokens", "gauge",
+       "Non-empty tokens (streamed pieces of text) the probe received.", component="probe"),
+    _m("colossalai_probe_stream_first_token_seconds", "gauge",
+       "Time from the start of the request (connect included) to the first non-empty token; "
+       "absent when none came.", unit="seconds", component="probe"),
+    _m("colossalai_probe_stream_max_token_gap_seconds", "gauge",
+       "The longest wait between two tokens; absent below two tokens.", unit="seconds",
+       component="probe"),
+    _m("colossalai_probe_stream_tokens_per_second", "gauge",
+       "Tokens per second after the first; absent below two tokens.", component="probe"),
     # The prober's own health (GET /metrics).
     _m("colossalai_probe_probes_total", "counter",
        "Probes run, by module and result: success or the failure reason (pre-created at 0 "

@@ -52,14 +52,18 @@ from colossalai_exporter.configfile import (
 )
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.flags import load_yaml_file
+from colossalai_exporter.probe.stream import StreamFormat
 from colossalai_exporter.probe.targets import AllowList, IPNetwork
 
 DEFAULT_PORT = 9467
-Prober = Literal["http", "tcp", "colossal_inference", "colossalchat", "health_json", "generate"]
+Prober = Literal["http", "tcp", "colossal_inference", "colossalchat", "health_json", "generate",
+                 "stream"]
 PROBERS: tuple[str, ...] = typing.get_args(Prober)
 # Every reason a probe can fail with; the values of probe_failure_info{reason}.
 Reason = Literal["dns", "refused", "unreachable", "timeout", "tls", "connection", "protocol",
-                 "status", "body", "engine_error", "loading", "config"]
+                 "status", "body", "engine_error", "loading", "config",
+                 # a streamed generation's (prober stream; probe/stream.py)
+                 "first_token_timeout", "token_gap", "truncated", "empty"]
 REASONS: tuple[str, ...] = typing.get_args(Reason)
 MAX_BODY_BYTES = 1 << 20
 NAME = re.compile(r"^[A-Za-z0-9_.:-]+$")
@@ -110,6 +114,28 @@ class HttpOptions:
 
 
 @dataclass(frozen=True)
+class StreamOptions:
+    """How a streamed generation is read and what it must do (prober ``stream``)."""
+
+    format: StreamFormat = "openai"
+    #: from the request sent to the first non-empty token
+    first_token_timeout: float = 10.0
+    #: the longest wait between two tokens
+    max_token_gap: float = 5.0
+
+
+# (path, body) a streaming probe sends by default, per format: a tiny generation.
+STREAM_REQUESTS: dict[str, tuple[str, dict[str, Any]]] = {
+    "openai": ("/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "ping"}], "max_tokens": 4, "stream": True}),
+    "colossalchat": ("/generate/stream", {
+        "max_new_tokens": 4, "history": [{"instruction": "ping", "response": ""}]}),
+    "colossal_inference": ("/generate", {"prompt": "ping", "max_new_tokens": 4,
+                                         "stream": True}),
+}
+
+
+@dataclass(frozen=True)
 class Module:
     """One way of probing: the prober kind, its timeout and its HTTP (or TCP) options."""
 
@@ -118,6 +144,7 @@ class Module:
     timeout: float = 5.0
     http: HttpOptions = field(default_factory=HttpOptions)
     tcp_tls: bool = False
+    stream: StreamOptions = field(default_factory=StreamOptions)
 
     @property
     def target_kind(self) -> str:
@@ -179,11 +206,18 @@ class TcpSection(Section, frozen=True):
     tls_config: TLSClient | None = None
 
 
+class StreamSection(Section, frozen=True):
+    format: StreamFormat = "openai"
+    first_token_timeout: Seconds | None = None
+    max_token_gap: Seconds | None = None
+
+
 class ModuleSection(Section, frozen=True):
     prober: Prober
     timeout: Seconds | None = None
     http: HttpSection | None = None
     tcp: TcpSection | None = None
+    stream: StreamSection | None = None
 
 
 class AllowSection(Section, frozen=True):
@@ -254,6 +288,12 @@ def parse_module(name: str, value: Any, where: str, base: Path) -> Module:
         defaults = HttpOptions(method="POST", path="/generate", body=GENERATE_BODY,
                                headers=(("Content-Type", "application/json"),))
         timeout = 30.0
+    elif section.prober == "stream":
+        path, body = STREAM_REQUESTS[(section.stream or StreamSection()).format]
+        defaults = HttpOptions(method="POST", path=path, body=json.dumps(body).encode(),
+                               headers=(("Content-Type", "application/json"),
+                                        ("Accept", "text/event-stream")))
+        timeout = 30.0
     if section.timeout is not None:
         if section.timeout <= 0:
             raise ConfigError(f"{where}.timeout must be positive, got {section.timeout:g}")
@@ -262,11 +302,33 @@ def parse_module(name: str, value: Any, where: str, base: Path) -> Module:
         raise ConfigError(f"{where}.http is not for prober tcp")
     if section.prober != "tcp" and section.tcp is not None:
         raise ConfigError(f"{where}.tcp is only for prober tcp")
+    if section.prober != "stream" and section.stream is not None:
+        raise ConfigError(f"{where}.stream is only for prober stream")
+    stream = (_stream(section.stream or StreamSection(), f"{where}.stream", timeout)
+              if section.prober == "stream" else StreamOptions())
     http = _http(section.http or HttpSection(), f"{where}.http", defaults)
     tcp = section.tcp or TcpSection()
     if tcp.tls_config is not None:
         http = replace(http, tls=_tls(tcp.tls_config, f"{where}.tcp.tls_config"))
-    return Module(name, section.prober, timeout, http, tcp.tls)
+    return Module(name, section.prober, timeout, http, tcp.tls, stream)
+
+
+def _stream(section: StreamSection, where: str, timeout: float) -> StreamOptions:
+    limits = {"first_token_timeout": StreamOptions.first_token_timeout,
+              "max_token_gap": StreamOptions.max_token_gap}
+    for key in limits:
+        value = getattr(section, key)
+        if value is not None:
+            if value <= 0:
+                raise ConfigError(f"{where}.{key} must be positive, got {value:g}")
+            limits[key] = float(value)
+    options = StreamOptions(section.format, limits["first_token_timeout"],
+                            limits["max_token_gap"])
+    if options.first_token_timeout >= timeout:
+        # The probe would always end as a timeout before the first token's limit.
+        raise ConfigError(f"{where}.first_token_timeout ({options.first_token_timeout:g}s) "
+                          f"must be shorter than the module's timeout ({timeout:g}s)")
+    return options
 
 
 def _allow(section: AllowSection, where: str) -> AllowList:

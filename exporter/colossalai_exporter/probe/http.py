@@ -200,12 +200,13 @@ def _failure(exc: Exception, phase: str, progress: ProbeProgress) -> ProbeFailur
     return ProbeFailure("connection", f"socket error during {phase}: {exc}")
 
 
-def request(progress: ProbeProgress, address: Address, target: ProbeTarget, *, method: str,
-            path: str,
-            headers: tuple[tuple[str, str], ...] = (),
-            header_files: tuple[tuple[str, str], ...] = (), body: bytes | None = None,
-            tls: TLSOptions | None = None, max_body_bytes: int = 1 << 20) -> HttpResult:
-    """One request on a fresh connection; phases add to ``progress.phases``."""
+def _send(progress: ProbeProgress, address: Address, target: ProbeTarget, method: str,
+          path: str, headers: tuple[tuple[str, str], ...],
+          header_files: tuple[tuple[str, str], ...], body: bytes | None,
+          tls: TLSOptions | None) -> tuple[http.client.HTTPConnection, socket.socket,
+                                            http.client.HTTPResponse]:
+    """Connect, send the request on a fresh connection and read the response head
+    (phases connect, tls, processing)."""
     values = _header_values(headers, header_files)
     sock: socket.socket = connect(progress, address)
     if target.tls:
@@ -214,22 +215,96 @@ def request(progress: ProbeProgress, address: Address, target: ProbeTarget, *, m
     conn.sock = sock
     values["Host"] = target.host_header()
     values["Connection"] = "close"
-    phase, started = "processing", time.monotonic()
+    started = time.monotonic()
     try:
         sock.settimeout(progress.remaining())
         conn.request(method, path, body=body, headers=values)
         response = conn.getresponse()
-        progress.add(phase, started)
-        progress.status_code = response.status
-        phase, started = "transfer", time.monotonic()
+    except (ProbeFailure, OSError, http.client.HTTPException) as exc:
+        progress._track(None)
+        conn.close()
+        raise _failure(exc, "processing", progress) from None
+    finally:
+        progress.add("processing", started)
+    progress.status_code = response.status
+    return conn, sock, response
+
+
+def request(progress: ProbeProgress, address: Address, target: ProbeTarget, *, method: str,
+            path: str,
+            headers: tuple[tuple[str, str], ...] = (),
+            header_files: tuple[tuple[str, str], ...] = (), body: bytes | None = None,
+            tls: TLSOptions | None = None, max_body_bytes: int = 1 << 20) -> HttpResult:
+    """One request on a fresh connection; phases add to ``progress.phases``."""
+    conn, sock, response = _send(progress, address, target, method, path, headers,
+                                 header_files, body, tls)
+    started = time.monotonic()
+    try:
         data, truncated = _read_body(progress, sock, response, max_body_bytes)
-        progress.add(phase, started)
         progress.body_length = len(data)
         return HttpResult(response.status, data, truncated,
                           {k.lower(): v for k, v in response.getheaders()})
     except (ProbeFailure, OSError, http.client.HTTPException) as exc:
-        progress.add(phase, started)
-        raise _failure(exc, phase, progress) from None
+        raise _failure(exc, "transfer", progress) from None
     finally:
+        progress.add("transfer", started)
         progress._track(None)
         conn.close()
+
+
+class StreamEnded(Exception):
+    """The connection ended before the body did (reason ``truncated``)."""
+
+
+class OpenStream:
+    """A response whose body is read as it arrives, each read with a wait of its own
+    (a token's deadline) and never past the probe's: :func:`open_stream`."""
+
+    def __init__(self, progress: ProbeProgress, conn: http.client.HTTPConnection,
+                 sock: socket.socket, response: http.client.HTTPResponse) -> None:
+        self.progress = progress
+        self.status = response.status
+        self._conn, self._sock, self._response = conn, sock, response
+        self._started = time.monotonic()
+
+    def read(self, wait: float) -> bytes:
+        """The next bytes of the body, b"" at its end. TimeoutError when nothing came
+        within ``wait`` seconds; StreamEnded when the connection ended before the body
+        did (a chunked body without its last chunk, fewer bytes than Content-Length)."""
+        progress = self.progress
+        left = progress.remaining()
+        self._sock.settimeout(max(0.001, min(wait, left)))
+        try:
+            chunk = self._response.read1(65536)
+        except TimeoutError:
+            if left <= wait:  # the probe's own deadline came first: reason timeout
+                raise ProbeFailure("timeout", "the probe's deadline passed while the "
+                                   "stream was being read") from None
+            raise
+        except http.client.IncompleteRead:
+            raise StreamEnded("the connection ended in the middle of the chunked "
+                              "body") from None
+        except (OSError, http.client.HTTPException) as exc:
+            if isinstance(exc, ConnectionError):
+                raise StreamEnded(f"the connection ended: {exc}") from None
+            raise _failure(exc, "transfer", progress) from None
+        if not chunk and self._response.length:
+            raise StreamEnded(f"the connection ended {self._response.length} bytes short "
+                              "of its Content-Length")
+        progress.body_length += len(chunk)
+        return chunk
+
+    def close(self) -> None:
+        self.progress.add("transfer", self._started)
+        self.progress._track(None)
+        self._conn.close()
+
+
+def open_stream(progress: ProbeProgress, address: Address, target: ProbeTarget, *,
+                method: str, path: str, headers: tuple[tuple[str, str], ...] = (),
+                header_files: tuple[tuple[str, str], ...] = (), body: bytes | None = None,
+                tls: TLSOptions | None = None) -> OpenStream:
+    """Send the request and return once the response head is in; the caller reads the
+    body as it streams and closes it."""
+    return OpenStream(progress, *_send(progress, address, target, method, path, headers,
+                                       header_files, body, tls))

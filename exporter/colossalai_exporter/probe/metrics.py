@@ -14,7 +14,7 @@ from colossalai_exporter import catalogue
 from colossalai_exporter.histograms import LabelledHistogram
 from colossalai_exporter.probe.config import REASONS
 from colossalai_exporter.probe.http import PHASES
-from colossalai_exporter.probe.modules import Outcome
+from colossalai_exporter.probe.modules import Outcome, StreamStats
 from colossalai_exporter.web.exposition import CollectedFamilies
 
 REFUSED_PROBE_REASONS = ("missing_target", "bad_target", "missing_module", "unknown_module",
@@ -53,10 +53,29 @@ def outcome_families(outcome: Outcome) -> list[Metric]:
                                 value=float(progress.body_length)))
     if progress is not None and progress.cert_expiry is not None:
         families.append(_gauge("probe_ssl_earliest_cert_expiry", value=progress.cert_expiry))
+    if outcome.stream is not None:
+        families.extend(stream_families(outcome.stream))
     steps = catalogue.gauge("colossalai_probe_step_success")
     for step, ok in outcome.steps:
         steps.add_metric([step], 1.0 if ok else 0.0)
     families.append(steps)
+    return families
+
+
+def stream_families(stats: StreamStats) -> list[Metric]:
+    """A streaming probe's measurements; those it did not get to are absent."""
+    families: list[Metric] = [
+        _gauge("colossalai_probe_stream_completed", 1.0 if stats.completed else 0.0),
+        _gauge("colossalai_probe_stream_tokens", float(stats.tokens)),
+    ]
+    if stats.first_token is not None:
+        families.append(_gauge("colossalai_probe_stream_first_token_seconds",
+                               stats.first_token))
+    if stats.tokens > 1:
+        families.append(_gauge("colossalai_probe_stream_max_token_gap_seconds", stats.max_gap))
+    if stats.tokens_per_second is not None:
+        families.append(_gauge("colossalai_probe_stream_tokens_per_second",
+                               stats.tokens_per_second))
     return families
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from colossalai_exporter.probe import http
 from colossalai_exporter.probe.config import HttpOptions, JsonCheck, Module
 from colossalai_exporter.probe.http import HttpResult, ProbeFailure, ProbeProgress
+from colossalai_exporter.probe.stream import Done, MalformedStream, StreamParser, Token
 from colossalai_exporter.probe.targets import (
     Address,
     AllowList,
@@ -24,6 +25,20 @@ from colossalai_exporter.probe.targets import (
     ResolveError,
     resolve,
 )
+
+
+@dataclass
+class StreamStats:
+    """What a streaming probe measured (prober ``stream``), as far as it got."""
+
+    #: seconds from the start of the request (connect included) to the first token
+    first_token: float | None = None
+    #: the longest wait between two tokens
+    max_gap: float = 0.0
+    tokens: int = 0
+    #: tokens per second after the first (None below two tokens)
+    tokens_per_second: float | None = None
+    completed: bool = False
 
 
 @dataclass
@@ -42,6 +57,7 @@ class Outcome:
     progress: ProbeProgress | None = None
     log: list[str] = field(default_factory=list)
     http: bool = True
+    stream: StreamStats | None = None
 
 
 class Probe:
@@ -257,6 +273,99 @@ def run_generate(probe: Probe, address: Address) -> None:
     probe.step("generate", True)
 
 
+def run_stream(probe: Probe, address: Address) -> None:
+    """A tiny streamed generation, read token by token (probe/stream.py has the formats).
+
+    Fails with ``first_token_timeout`` when no non-empty token came within the
+    module's limit of the request, ``token_gap`` when two tokens were further apart
+    than its gap limit, ``truncated`` when the connection or the body ended before
+    the format's final event, ``empty`` when it completed without a token,
+    ``engine_error`` for an error event in the stream, ``body`` for bytes that are
+    not the format's events or a stream over ``max_body_bytes``.
+    """
+    stats = probe.outcome.stream = StreamStats()
+    try:
+        _read_stream(probe, address, stats)
+    except ProbeFailure:
+        probe.step("stream", False)
+        raise
+    probe.note(f"stream: {stats.tokens} tokens, first after {stats.first_token or 0:.3f}s, "
+               f"longest gap {stats.max_gap:.3f}s")
+    probe.step("stream", True)
+
+
+def _read_stream(probe: Probe, address: Address, stats: StreamStats) -> None:
+    options, limits = probe.module.http, probe.module.stream
+    path = probe.target.request_path(options.path)
+    probe.note(f"step stream: {options.method} {path} (format {limits.format})")
+    started = time.monotonic()
+    stream = http.open_stream(probe.progress, address, probe.target, method=options.method,
+                              path=path, headers=options.headers,
+                              header_files=options.header_files, body=options.body,
+                              tls=options.tls)
+    try:
+        if not options.status_ok(stream.status):
+            wanted = ", ".join(map(str, options.valid_status_codes)) or "2xx"
+            raise ProbeFailure("status", f"stream: HTTP {stream.status}, expected {wanted}")
+        _read_events(probe, stream, stats, started)
+    finally:
+        stream.close()
+    if stats.tokens == 0:
+        raise ProbeFailure("empty", "stream: completed without a single token")
+
+
+def _read_events(probe: Probe, stream: http.OpenStream, stats: StreamStats,
+                 started: float) -> None:
+    options, limits = probe.module.http, probe.module.stream
+    parser = StreamParser(limits.format)
+    first = last = 0.0
+    size = 0
+    while not stats.completed:
+        if stats.tokens == 0:
+            wait = started + limits.first_token_timeout - time.monotonic()
+        else:
+            wait = last + limits.max_token_gap - time.monotonic()
+        try:
+            if wait <= 0:
+                raise TimeoutError
+            chunk = stream.read(wait)
+            events = parser.feed(chunk) if chunk else parser.end()
+        except TimeoutError:
+            if stats.tokens == 0:
+                raise ProbeFailure("first_token_timeout", "stream: no token within "
+                                   f"{limits.first_token_timeout:g}s of the request") from None
+            raise ProbeFailure("token_gap", f"stream: no token for {limits.max_token_gap:g}s "
+                               f"after token {stats.tokens}") from None
+        except http.StreamEnded as exc:
+            raise ProbeFailure("truncated", f"stream: {exc}, after {stats.tokens} tokens and "
+                               "before the final event") from None
+        except MalformedStream as exc:
+            raise ProbeFailure("body", f"stream: {exc}") from None
+        size += len(chunk)
+        if size > options.max_body_bytes:
+            raise ProbeFailure("body", f"stream: over max_body_bytes ({options.max_body_bytes})"
+                               " before its final event")
+        now = time.monotonic()
+        for event in events:
+            if isinstance(event, Token):
+                if stats.tokens == 0:
+                    first, stats.first_token = now, now - started
+                else:
+                    stats.max_gap = max(stats.max_gap, now - last)
+                last = now
+                stats.tokens += 1
+            elif isinstance(event, Done):
+                stats.completed = True
+            else:
+                raise ProbeFailure("engine_error", f"stream: the server reported an error: "
+                                   f"{event.message}")
+        if not chunk and not stats.completed:
+            raise ProbeFailure("truncated", f"stream: the body ended after {stats.tokens} "
+                               "tokens, before the final event")
+    if stats.tokens > 1 and last > first:
+        stats.tokens_per_second = (stats.tokens - 1) / (last - first)
+
+
 RUNNERS: dict[str, Callable[[Probe, Address], None]] = {
     "http": run_http,
     "tcp": run_tcp,
@@ -264,4 +373,5 @@ RUNNERS: dict[str, Callable[[Probe, Address], None]] = {
     "colossalchat": run_colossalchat,
     "health_json": run_health_json,
     "generate": run_generate,
+    "stream": run_stream,
 }
