@@ -130,6 +130,16 @@ def test_cause_alerts_inhibit_their_runs_consequences_as_the_rules_define_them()
         "equal": ["run"]}
 
 
+def test_a_chat_servers_failure_mutes_its_symptoms() -> None:
+    from colossalai_exporter.rulesgen.chat import CHAT_CAUSE_ALERTS, CHAT_SYMPTOM_ALERTS
+
+    assert {
+        "source_matchers": [f'alertname=~"{"|".join(CHAT_CAUSE_ALERTS)}"'],
+        "target_matchers": [f'alertname=~"{"|".join(CHAT_SYMPTOM_ALERTS)}"'],
+        "equal": ["job", "instance"]} in _config()["inhibit_rules"]
+    assert set(CHAT_CAUSE_ALERTS) | set(CHAT_SYMPTOM_ALERTS) <= set(ALERT_NAMES)
+
+
 STALLED = {
     "summary": "A training rank has made no step for longer than its step budget.",
     "runbook_url": "https://example.com/docs/runbooks.md#trainingstalled",
@@ -193,7 +203,7 @@ def test_slack_message_for_one_stalled_rank(tmp_path: Path) -> None:
 def test_slack_message_for_several_ranks_counts_them(tmp_path: Path) -> None:
     data = _data([_alert("3"), _alert("5")])
     assert _render(tmp_path, data, "title") == (
-        "🔴 FIRING: TrainingStalled — job llama-70b (2 firing)")
+        "🔴 FIRING: TrainingStalled — job llama-70b — node-a:8766 (2 firing)")
     text = _render(tmp_path, data, "text")
     assert text.count("• Rank") == 2
     # the silence covers the group, not one rank
@@ -216,6 +226,16 @@ def test_slack_title_names_a_lost_node(tmp_path: Path) -> None:
                        "instance": "node-7:9466", "run": "4242", "severity": "critical"}
     assert _render(tmp_path, _data([alert]), "title") == (
         "🔴 FIRING: TrainingNodeLost — job colossalai-node — run 4242 — node node-7:9466")
+
+
+def test_slack_title_names_the_server_and_the_reason(tmp_path: Path) -> None:
+    alert = _alert("0")
+    alert["labels"] = {"alertname": "ChatGeneratingNothing", "job": "colossalai-chat",
+                       "instance": "http://chat-3:8000", "reason": "token_gap",
+                       "severity": "critical"}
+    assert _render(tmp_path, _data([alert]), "title") == (
+        "🔴 FIRING: ChatGeneratingNothing — job colossalai-chat — http://chat-3:8000 "
+        "(token_gap)")
 
 
 def test_slack_title_for_a_warning_without_job(tmp_path: Path) -> None:

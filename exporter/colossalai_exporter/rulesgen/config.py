@@ -102,6 +102,9 @@ class Thresholds(Section, frozen=True):
     kernel_failure_window: Duration
     heartbeat_failing_after: Duration
     chat_latency_seconds: float
+    chat_first_token_seconds: float
+    chat_stream_failure_ratio: float
+    chat_stream_window: Duration
     bridge_no_success_after: Duration
     bridge_dead_letter_window: Duration
     bridge_oldest_pending_age: Duration

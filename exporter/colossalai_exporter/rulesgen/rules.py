@@ -50,7 +50,8 @@ ALERT_NAMES = (
     "TrainingHeartbeatFailing", "GPUMemoryOOMRisk", "HostMemoryOOMRisk", "CheckpointDiskLow",
     "DiskPathBroken", "NCCLRendezvousDown", "GPUCollectorDown", "GPUXidCritical",
     "GPUXidWarning", "GPUXidRecurring", "ChatServerDown",
-    "ChatEngineError", "ChatLatencyHigh", "ExporterDown", "BridgeDeliveryFailing",
+    "ChatEngineError", "ChatGeneratingNothing", "ChatLatencyHigh", "ChatTimeToFirstTokenHigh",
+    "ChatStreamsUnreliable", "ExporterDown", "BridgeDeliveryFailing",
     "BridgeQueueBacklog", "Watchdog",
 )
 # The alerts that name the cause of a failure. In deploy/alertmanager/alertmanager.yml
