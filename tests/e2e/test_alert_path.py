@@ -48,7 +48,7 @@ import pytest
 import requests
 import yaml
 
-from chat_servers import inference_app, served
+from chat_servers import inference_app, served, streaming_app
 from colossalai_exporter.chat import instrument
 from conftest import (
     REPO,
@@ -86,6 +86,14 @@ AFTER_WEBHOOK = 15.0  # seconds kept running after the page: the stall as the da
 # Panels that read only series a run without the GeminiPlugin never has (the CPU
 # run uses TorchDDPPlugin: Gemini needs CUDA); the monitor serves no Gemini series
 # there rather than zeros. Every other panel must have data.
+# The built-in modules, and a streaming one for the server that streams.
+PROBER_CONFIG = """
+modules:
+  chat_stream:
+    prober: stream
+    timeout: 10s
+    stream: {format: openai, first_token_timeout: 3s, max_token_gap: 2s}
+"""
 GEMINI_ONLY = {("colossalai-training", "Gemini chunk memory by device"),
                ("colossalai-training", "Gemini host↔device traffic")}
 
@@ -107,8 +115,10 @@ class Stack:
 
 
 def prometheus_config(rank0: str, agent: str, prober: str, chat_targets: list[str],
-                      chat_app: str, bridge: str, alertmanager: str) -> dict[str, Any]:
-    """deploy/prometheus/prometheus.yml with loopback targets and 5 s intervals."""
+                      chat_app: str, bridge: str, alertmanager: str,
+                      stream_target: str) -> dict[str, Any]:
+    """deploy/prometheus/prometheus.yml with loopback targets and 5 s intervals; the chat
+    job's streaming target in a group of its own that picks the stream module."""
     config: dict[str, Any] = yaml.safe_load(
         (REPO / "deploy" / "prometheus" / "prometheus.yml").read_text())
     config["global"].update(scrape_interval=f"{INTERVAL:g}s", scrape_timeout="4s",
@@ -126,6 +136,9 @@ def prometheus_config(rank0: str, agent: str, prober: str, chat_targets: list[st
             continue  # its own address is only known once it runs: left out
         job.pop("file_sd_configs", None)
         job["static_configs"] = [{"targets": targets[name]}]
+        if name == "colossalai-chat":
+            job["static_configs"].append({"targets": [stream_target],
+                                          "labels": {"__param_module": "chat_stream"}})
         for relabel in job.get("relabel_configs", []):
             if relabel.get("target_label") == "__address__":
                 relabel["replacement"] = prober
@@ -249,6 +262,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         instrument(app, ready=lambda: True)
         chat = stop.enter_context(served(app))
         broken_chat = stop.enter_context(served(inference_app({"engine": "Error"})))
+        # A server that streams its generations (the streaming probe's dashboard row).
+        streaming_chat = stop.enter_context(served(streaming_app({}))) + "/ok"
         dead_chat = f"http://127.0.0.1:{stop.enter_context(refused_port())}"
 
         bridge_config = write_config(tmp / "bridge.yml", tmp / "bridge-state", [
@@ -290,7 +305,10 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             fake_nvml_env(nvml.path, cli_env()))
         stop.callback(agent.close)
         prober_port = free_port()
-        prober = ServerProcess(["probe", "--web.listen-address", f"127.0.0.1:{prober_port}"],
+        prober_config = tmp / "probe.yml"
+        prober_config.write_text(PROBER_CONFIG)
+        prober = ServerProcess(["probe", "--config.file", str(prober_config),
+                                "--web.listen-address", f"127.0.0.1:{prober_port}"],
                                prober_port)
         stop.callback(prober.close)
         agent.wait_ready("/metrics")
@@ -302,7 +320,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         prom_config.write_text(yaml.safe_dump(prometheus_config(
             f"127.0.0.1:{rank0_port}", f"127.0.0.1:{agent_port}", f"127.0.0.1:{prober_port}",
             [chat, broken_chat, dead_chat], chat.removeprefix("http://"),
-            f"127.0.0.1:{bridge_port}", alertmanager.removeprefix("http://"))))
+            f"127.0.0.1:{bridge_port}", alertmanager.removeprefix("http://"),
+            streaming_chat)))
         # Prometheus' first evaluation can come before it knows the Alertmanager; the
         # alerts of that evaluation are sent again only after the resend delay (1m by
         # default), which would hold the first Watchdog ping back by a minute.

@@ -70,15 +70,57 @@ def probe_row(config: RulesConfig) -> Row:
         table("Current failure reasons",
               "One row per failing target with its reason: dns, refused, unreachable, "
               "timeout, tls, connection, protocol, status, body, engine_error, loading, "
-              "config.", Query(P("probe_failure_info"), table=True), w=8),
+              "config; for streaming probes first_token_timeout, token_gap, truncated, "
+              "empty.", Query(P("probe_failure_info"), table=True), w=8),
         state_timeline("Probe steps",
                        "Each step of a multi-request probe (ping, engine_check, openapi, "
-                       "docs, root, health, generate, …): tells a dead process from a dead "
-                       "engine.",
+                       "docs, root, health, generate, stream, …): tells a dead process from "
+                       "a dead engine.",
                        Query(P("colossalai_probe_step_success"), "{{instance}} {{step}}"),
                        w=24, h=6,
                        mappings=(ValueText("1", "pass", "green"),
                                  ValueText("0", "fail", "red"))),
+    ))
+
+
+def stream_row(config: RulesConfig) -> Row:
+    """Streaming probes (prober stream): whether the engine generates, and how fast."""
+    late = config.thresholds.chat_first_token_seconds
+    window = config.thresholds.chat_stream_window
+    broken = 'reason=~"truncated|token_gap"'
+    return Row("Streamed generations", (
+        timeseries("Time to first token",
+                   "From the start of each streaming probe's request to its first non-empty "
+                   f"token. Above {number(late)}s on a passing probe for 5 minutes is "
+                   "ChatTimeToFirstTokenHigh; no token within the module's limit fails the "
+                   "probe (ChatGeneratingNothing).",
+                   Query(P("colossalai_probe_stream_first_token_seconds"), "{{instance}}"),
+                   unit="s", min=0, show_thresholds=True,
+                   thresholds=(Step("green"), Step("orange", late))),
+        timeseries("Longest gap between tokens",
+                   "The longest wait between two tokens of each probe's stream; over the "
+                   "module's max_token_gap the probe fails with token_gap.",
+                   Query(P("colossalai_probe_stream_max_token_gap_seconds"), "{{instance}}"),
+                   unit="s", min=0),
+        timeseries("Tokens per second",
+                   "Tokens per second after the first, in each probe's stream.",
+                   Query(P("colossalai_probe_stream_tokens_per_second"), "{{instance}}"),
+                   w=8, min=0),
+        timeseries("Streams completed",
+                   f"Share of streaming probes over {window} that reached their final event "
+                   "([DONE], a finish_reason, end).",
+                   Query(f"avg_over_time({P('colossalai_probe_stream_completed')}[{window}])",
+                         "{{instance}}"), w=8, unit="percentunit", min=0, max=1),
+        timeseries("Streams cut or stalled",
+                   f"Share of streaming probes over {window} that ended before their final "
+                   "event (truncated) or stalled (token_gap): ChatStreamsUnreliable above "
+                   f"{number(config.thresholds.chat_stream_failure_ratio)}.",
+                   Query(f"(sum by (instance) (count_over_time({P('probe_failure_info', broken)}"
+                         f"[{window}])) or sum by (instance) (0 * count_over_time("
+                         f"{P('colossalai_probe_stream_completed')}[{window}])))"
+                         f" / sum by (instance) (count_over_time("
+                         f"{P('colossalai_probe_stream_completed')}[{window}]))",
+                         "{{instance}}"), w=8, unit="percentunit", min=0),
     ))
 
 
@@ -133,7 +175,7 @@ def build(config: RulesConfig) -> Dashboard:
                                    multi=True, all_value=".*"),
             variables.label_values("app_job", "job", "colossalai_chat_ready"),
         ),
-        rows=(probe_row(config), app_row()),
+        rows=(probe_row(config), stream_row(config), app_row()),
         alerts_annotation='ALERTS{alertstate="firing", job=~"$job", instance=~"$instance"}',
         tags=("chat",),
     )
