@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from prometheus_client.parser import text_string_to_metric_families
 
 from chat_servers import colossalchat_app, served
@@ -178,3 +178,108 @@ def test_ready_that_raises_is_503_error() -> None:
     payload = json.loads(body)
     assert payload["status"] == "error"
     assert "no GPU" in payload["error"]
+
+
+def _stream_app(release: threading.Event) -> tuple[FastAPI, Any]:
+    """Streams three parts, or wedges after one (``/wedge``) until ``release``, or raises
+    after one (``/die``): a live API process over a generation that stopped."""
+    import asyncio
+
+    from fastapi.responses import StreamingResponse
+
+    app = FastAPI()
+
+    async def parts(mode: str, request: Request) -> Any:
+        yield "data: a\n\n"
+        if mode == "wedge":
+            # As real servers do (ColossalChat's event generator): stop when the client
+            # has gone.
+            while not release.is_set():
+                if await request.is_disconnected():
+                    return
+                await asyncio.sleep(0.01)
+        if mode == "die":
+            raise RuntimeError("the engine died mid-stream")
+        yield "data: b\n\n"
+        yield "data: [DONE]\n\n"
+
+    @app.get("/stream/{mode}")
+    def stream(mode: str, request: Request) -> StreamingResponse:
+        return StreamingResponse(parts(mode, request), media_type="text/event-stream")
+
+    return app, instrument(app, progress_timeout=0.5)
+
+
+def test_streams_are_measured_as_generations_and_cuts_say_who_cut() -> None:
+    release = threading.Event()
+    app, _ = _stream_app(release)
+    with served(app) as url:
+        status, _, body = http_get(url + "/stream/ok")
+        assert status == 200 and body.endswith(b"[DONE]\n\n")
+        # The server raising after a first part: cut by the server.
+        connection = http.client.HTTPConnection(url.removeprefix("http://"), timeout=10)
+        connection.request("GET", "/stream/die")
+        response = connection.getresponse()
+        with pytest.raises(http.client.IncompleteRead):
+            response.read()
+        connection.close()
+        # The client going away in the middle: cut by the client.
+        connection = http.client.HTTPConnection(url.removeprefix("http://"), timeout=10)
+        connection.request("GET", "/stream/wedge")
+        response = connection.getresponse()
+        assert response.read1(64).startswith(b"data: a")
+        connection.close()  # the server sees it gone and stops: no release needed
+        route = "/stream/{mode}"
+
+        def counted() -> dict[Any, float] | None:
+            got = samples(url)
+            cut = {by: got.get(("colossalai_chat_streams_cut_total",
+                                frozenset({"route": route, "by": by}.items()))) for by in
+                   ("client", "server")}
+            return got if cut == {"client": 1.0, "server": 1.0} else None
+
+        got = wait_until(counted, timeout=30, what="both cut streams counted")
+        assert got[("colossalai_chat_streams_total", frozenset({"route": route}.items()))] == 3
+        first = ("colossalai_chat_stream_first_chunk_seconds_count",
+                 frozenset({"route": route}.items()))
+        gaps = ("colossalai_chat_stream_chunk_gap_seconds_count",
+                frozenset({"route": route}.items()))
+        assert got[first] == 3  # every stream's first part
+        assert got[gaps] >= 2  # the complete stream's b and [DONE]
+        # the client that went away is not a server error
+        errors = sum(v for (name, labels), v in got.items()
+                     if name == "colossalai_chat_request_errors_total"
+                     and dict(labels)["kind"] == "exception")
+        assert errors == 1  # the server's own raise only
+
+
+def test_health_says_stalled_while_work_is_in_flight_and_nothing_is_produced() -> None:
+    release = threading.Event()
+    app, metrics = _stream_app(release)
+    with served(app) as url:
+        assert http_get(url + "/health")[0] == 200  # idle is not stalled
+        connection = http.client.HTTPConnection(url.removeprefix("http://"), timeout=30)
+        connection.request("GET", "/stream/wedge")
+        response = connection.getresponse()
+        assert response.read1(64).startswith(b"data: a")
+
+        def stalled() -> dict[str, Any] | None:
+            status, _, body = http_get(url + "/health")
+            payload = json.loads(body)
+            return payload if status == 503 else None
+
+        payload = wait_until(stalled, timeout=30, what="/health to say stalled")
+        assert payload["status"] == "stalled" and payload["in_flight"] == 1
+        assert payload["stalled_seconds"] > 0.5
+        release.set()
+        assert response.read().endswith(b"[DONE]\n\n")
+        connection.close()
+        wait_until(lambda: http_get(url + "/health")[0] == 200, timeout=30,
+                   what="/health ok once the stream ended")
+        metrics.set_queue(waiting=3, running=0)
+        got = samples(url)
+        assert got[("colossalai_chat_requests_waiting", frozenset())] == 3
+        assert got[("colossalai_chat_requests_running", frozenset())] == 0
+        assert got[("colossalai_chat_last_progress_timestamp_seconds", frozenset())] > 0
+    with pytest.raises(ValueError, match="progress_timeout"):
+        instrument(FastAPI(), progress_timeout=0)

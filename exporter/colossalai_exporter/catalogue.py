@@ -439,6 +439,29 @@ CHAT: tuple[Metric, ...] = (
     _m("colossalai_chat_start_time_seconds", "gauge",
        "When instrument() was called (the start of the /health uptime).", (), "seconds",
        "chat"),
+    _m("colossalai_chat_streams_total", "counter",
+       "Streamed responses (a first body part saying more follows) by route template.",
+       ("route",), component="chat"),
+    _m("colossalai_chat_stream_first_chunk_seconds", "histogram",
+       "Time from a streamed request's arrival to its response's first non-empty part "
+       "(a server's time to first token, queue wait included).", ("route",), "seconds",
+       component="chat"),
+    _m("colossalai_chat_stream_chunk_gap_seconds", "histogram",
+       "Time between two non-empty parts of a streamed response (inter-token latency).",
+       ("route",), "seconds", component="chat"),
+    _m("colossalai_chat_streams_cut_total", "counter",
+       "Streamed responses that ended without their last part, by who cut them: server "
+       "(the app raised) or client (it went away); both pre-created per route streamed.",
+       ("route", "by"), component="chat"),
+    _m("colossalai_chat_last_progress_timestamp_seconds", "gauge",
+       "When a streamed part last left (or the app last called mark_progress()): the "
+       "generation heartbeat.", unit="seconds", component="chat"),
+    _m("colossalai_chat_requests_waiting", "gauge",
+       "Requests waiting to be scheduled, as the app reports them (set_queue); absent "
+       "until it does.", component="chat"),
+    _m("colossalai_chat_requests_running", "gauge",
+       "Requests being generated, as the app reports them (set_queue); absent until it "
+       "does.", component="chat"),
 )
 
 # ---------------------------------------------------------------------------
