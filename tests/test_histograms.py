@@ -35,4 +35,4 @@ def test_a_snapshot_does_not_move_with_later_observations() -> None:
     hist.observe(("a",), 0.5)
     snapshot = hist.snapshot()
     hist.observe(("a",), 0.5)
-    assert snapshot[("a",)].count == 1 and snapshot[("a",)].buckets == [1]
+    assert snapshot[("a",)].count == 1 and snapshot[("a",)].buckets == [1, 0]

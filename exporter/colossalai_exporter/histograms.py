@@ -9,8 +9,10 @@ label values, read under a lock at scrape), so it is written once, here.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 from prometheus_client.core import HistogramMetricFamily
 
@@ -21,6 +23,8 @@ Labels = tuple[str, ...]
 
 @dataclass
 class _Counts:
+    #: observations per bucket, not cumulative (the last is over every bound): an
+    #: observation is one increment; the family cumulates them at scrape
     buckets: list[int]
     total: float = 0.0
     count: int = 0
@@ -37,10 +41,8 @@ class LabelledHistogram:
     def observe(self, labels: Labels, value: float) -> None:
         counts = self._series.get(labels)
         if counts is None:
-            counts = self._series[labels] = _Counts([0] * len(self.bounds))
-        for i, bound in enumerate(self.bounds):
-            if value <= bound:
-                counts.buckets[i] += 1
+            counts = self._series[labels] = _Counts([0] * (len(self.bounds) + 1))
+        counts.buckets[bisect_left(self.bounds, value)] += 1  # le: the first bound >= value
         counts.total += value
         counts.count += 1
 
@@ -53,11 +55,12 @@ class LabelledHistogram:
         """The catalogue's family ``name`` with every series of ``snapshot``, sorted, and
         the label values in ``also`` at zero where nothing was observed yet."""
         family = catalogue.histogram(name)
-        empty = _Counts([0] * len(self.bounds))
+        empty = _Counts([0] * (len(self.bounds) + 1))
         for labels in sorted(set(snapshot) | set(also)):
             counts = snapshot.get(labels, empty)
+            cumulative = list(accumulate(counts.buckets))
             pairs = [(repr(float(b)), float(n))
-                     for b, n in zip(self.bounds, counts.buckets, strict=True)]
+                     for b, n in zip(self.bounds, cumulative, strict=False)]
             pairs.append(("+Inf", float(counts.count)))
             family.add_metric(list(labels), pairs, counts.total)
         return family

@@ -77,8 +77,9 @@ class ChatMetrics(Collector):
         #: the generation heartbeat: see progress_timeout, mark_progress
         self.progress_timeout = progress_timeout
         self.working = 0  # requests in flight, the helper's own routes left out
-        self._last_progress = time.monotonic()
-        self.last_progress_time = self.start_time
+        # Monotonic: the wall-clock time is derived at scrape, so that a part costs one
+        # clock read (the middleware's).
+        self._started_monotonic = self._last_progress = time.monotonic()
         self._queue: tuple[float, float] | None = None  # (waiting, running) as told
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
@@ -96,11 +97,16 @@ class ChatMetrics(Collector):
     def uptime(self) -> float:
         return self._clock() - self.start_time
 
-    def mark_progress(self) -> None:
-        """Something was generated: a streamed part leaves (called by the middleware),
-        or the app says so for work it does outside a response (a batch job)."""
-        self._last_progress = time.monotonic()
-        self.last_progress_time = self._clock()
+    def mark_progress(self, now: float | None = None) -> None:
+        """Something was generated: a streamed part leaves (called by the middleware,
+        with its time.monotonic()), or the app says so for work it does outside a
+        response (a batch job)."""
+        self._last_progress = time.monotonic() if now is None else now
+
+    @property
+    def last_progress_time(self) -> float:
+        """When something was last generated, as a Unix time."""
+        return self.start_time + (self._last_progress - self._started_monotonic)
 
     def set_queue(self, waiting: float, running: float) -> None:
         """The engine's queue as the app knows it: requests waiting to be scheduled and
@@ -127,10 +133,10 @@ class ChatMetrics(Collector):
         with self._lock:
             self.working -= 1
 
-    def stream_chunk(self, route: str, first: bool, since: float) -> None:
-        """A non-empty part of a streamed response left: ``since`` seconds after the
-        request arrived (the first) or after the previous part."""
-        self.mark_progress()
+    def stream_chunk(self, route: str, first: bool, since: float, now: float) -> None:
+        """A non-empty part of a streamed response left at ``now`` (time.monotonic()):
+        ``since`` seconds after the request arrived (the first) or the previous part."""
+        self._last_progress = now
         with self._lock:
             if first:
                 self.streams[route] += 1
@@ -261,12 +267,11 @@ class MetricsMiddleware:
                 status[0] = int(message["status"])
             elif kind == "http.response.body":
                 more = bool(message.get("more_body", False))
-                if message.get("body"):
-                    now = time.perf_counter()
-                    if stream[0] or more:
-                        metrics.stream_chunk(route, not stream[0], now - (
-                            stream[2] if stream[0] else started))
-                        stream[0], stream[2] = True, now
+                if message.get("body") and (stream[0] or more):
+                    now = time.monotonic()
+                    metrics.stream_chunk(route, not stream[0],
+                                         now - (stream[2] if stream[0] else arrived), now)
+                    stream[0], stream[2] = True, now
                 stream[1] = not more
             try:
                 await send(message)
@@ -284,7 +289,7 @@ class MetricsMiddleware:
         metrics.begin(route, method)
         if work:
             metrics.begin_work()
-        started = time.perf_counter()
+        started, arrived = time.perf_counter(), time.monotonic()
         raised = False
         try:
             await self.app(scope, receive_and_watch, send_and_watch)
