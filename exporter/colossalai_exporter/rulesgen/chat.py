@@ -14,7 +14,15 @@ from __future__ import annotations
 from colossalai_exporter.rulesgen.common import chat_dashboard
 from colossalai_exporter.rulesgen.config import RulesConfig
 from colossalai_exporter.rulesgen.model import Alert, Group, RuleFile
-from colossalai_exporter.rulesgen.promql import Selector, expr, fill, label_is, number, query
+from colossalai_exporter.rulesgen.promql import (
+    Selector,
+    expr,
+    fill,
+    label_is,
+    label_is_not,
+    number,
+    query,
+)
 
 ENGINE_ERROR = label_is("reason", "engine_error")
 #: a streaming probe got an answer but no generation: ChatGeneratingNothing's
@@ -33,10 +41,12 @@ CHAT_SYMPTOM_ALERTS = ("ChatLatencyHigh", "ChatTimeToFirstTokenHigh", "ChatStrea
 def chat(config: RulesConfig) -> RuleFile:
     """Every chat alert, in one group."""
     probes = Selector(config.selectors.probe)
+    apps = Selector(config.selectors.chat_app)
     return RuleFile("colossalai-chat", (Group("colossalai-chat.alerts", (
         server_down(probes, config),
         engine_error(probes, config),
         generating_nothing(probes, config),
+        no_progress(apps, config),
         latency_high(probes, config),
         first_token_late(probes, config),
         streams_unreliable(probes, config),
@@ -85,7 +95,27 @@ def generating_nothing(probes: Selector, config: RulesConfig) -> Alert:
              "still say 200.",
              tokens=query("colossalai_probe_stream_tokens", TARGET, "value"),
              **{"for": config.for_["ChatGeneratingNothing"]}),
-        chat_dashboard())
+        chat_dashboard(), cause="probe")
+
+
+def no_progress(apps: Selector, config: RulesConfig) -> Alert:
+    """ChatGeneratingNothing from inside: the FastAPI helper's generation heartbeat."""
+    timeout = config.thresholds.chat_progress_timeout
+    working = label_is_not("route", "/health", "/metrics")  # the helper's own routes
+    return Alert(
+        "ChatGeneratingNothing",
+        expr(f"""
+            time() - {apps("colossalai_chat_last_progress_timestamp_seconds")} > {timeout.seconds:g}
+            and on (job, instance)
+              sum by (job, instance) ({apps("colossalai_chat_requests_in_flight", working)}) > 0
+        """),
+        "critical", "A chat server answers but generates nothing.",
+        fill("[[$instance]] has had requests in flight and sent no streamed part for "
+             "{{ $value | humanizeDuration }} (more than [[timeout]]), for [[for]]: its "
+             "engine is wedged behind a live API. The server's own liveness check may "
+             "still say 200 unless it uses the helper's progress_timeout.",
+             timeout=timeout, **{"for": config.for_["ChatGeneratingNothing"]}),
+        chat_dashboard(), cause="heartbeat")
 
 
 def latency_high(probes: Selector, config: RulesConfig) -> Alert:

@@ -77,6 +77,8 @@ class Selectors(Section, frozen=True):
     training: str
     node: str
     probe: str
+    #: chat apps' own /metrics (the FastAPI helper)
+    chat_app: str
     bridge: str
 
 
@@ -105,6 +107,7 @@ class Thresholds(Section, frozen=True):
     chat_first_token_seconds: float
     chat_stream_failure_ratio: float
     chat_stream_window: Duration
+    chat_progress_timeout: Duration
     bridge_no_success_after: Duration
     bridge_dead_letter_window: Duration
     bridge_oldest_pending_age: Duration
