@@ -44,8 +44,10 @@ REQUIRED_SPEC = {
     "PrometheusRule": ("groups",),
     "PersistentVolumeClaim": ("accessModes", "resources"),
 }
-RULE_JOBS = {name: re.fullmatch(r'job="([^"]+)"', s).group(1)  # type: ignore[union-attr]
-             for name, s in load_yaml(REPO / "rules" / "config.yml")["selectors"].items()}
+# The jobs the rules select (the engine selector is empty by default: every job).
+RULE_JOBS = {name: match.group(1)
+             for name, s in load_yaml(REPO / "rules" / "config.yml")["selectors"].items()
+             if (match := re.fullmatch(r'job="([^"]+)"', s))}
 
 
 def _docs(paths: list[Path] = APPLIED) -> list[dict[str, Any]]:

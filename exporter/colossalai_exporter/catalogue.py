@@ -613,6 +613,23 @@ def _family_classes() -> dict[str, Any]:
     return _FAMILY_CLASSES
 
 
+#: The inference servers' own metrics that the optional engine rules read
+#: (rulesgen/engines.py): served by the servers, not by us; each with its source.
+ENGINE_METRICS: dict[str, str] = {
+    "vllm:num_requests_waiting": "vLLM docs/design/metrics.md",
+    "vllm:num_requests_running": "vLLM docs/design/metrics.md",
+    "vllm:request_queue_time_seconds_sum": "vLLM docs/design/metrics.md (histogram)",
+    "vllm:request_queue_time_seconds_count": "vLLM docs/design/metrics.md (histogram)",
+    "sglang:num_queue_reqs": "SGLang docs, production metrics (--enable-metrics)",
+    "sglang:num_running_reqs": "SGLang docs, production metrics (--enable-metrics)",
+    "tgi_queue_size": "huggingface text-generation-inference reference/metrics",
+    "tgi_batch_current_size": "huggingface text-generation-inference reference/metrics",
+    "tgi_request_queue_duration_sum": "huggingface text-generation-inference reference/metrics",
+    "tgi_request_queue_duration_count":
+        "huggingface text-generation-inference reference/metrics",
+}
+
+
 def known_sample_names() -> set[str]:
     """Every sample name the catalogue allows in an exposition."""
     names: set[str] = set()

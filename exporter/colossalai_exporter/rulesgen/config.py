@@ -79,6 +79,8 @@ class Selectors(Section, frozen=True):
     probe: str
     #: chat apps' own /metrics (the FastAPI helper)
     chat_app: str
+    #: inference servers' own /metrics (vLLM, SGLang, TGI) for the optional engine rules
+    engine: str
     bridge: str
 
 
@@ -108,6 +110,8 @@ class Thresholds(Section, frozen=True):
     chat_stream_failure_ratio: float
     chat_stream_window: Duration
     chat_progress_timeout: Duration
+    engine_queue_seconds: float
+    engine_queue_window: Duration
     bridge_no_success_after: Duration
     bridge_dead_letter_window: Duration
     bridge_oldest_pending_age: Duration

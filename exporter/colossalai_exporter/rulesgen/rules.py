@@ -1,7 +1,8 @@
 """Every alerting and recording rule: the four rule files, and the names of their alerts.
 
 Each rule file is built by a module of its own: training.py (from the alert
-families in training_*.py), node.py (with gpu.py), chat.py and pipeline.py;
+families in training_*.py), node.py (with gpu.py), chat.py, engines.py (optional:
+the inference servers' own queues) and pipeline.py;
 shared selectors and helpers are in common.py. This module puts the files in the
 order they are written and lists the alerts: every name (the keys ``for`` must
 have), and which are causes and which consequences, by which
@@ -14,6 +15,7 @@ from __future__ import annotations
 from colossalai_exporter.rulesgen.chat import chat
 from colossalai_exporter.rulesgen.common import INFO
 from colossalai_exporter.rulesgen.config import RulesConfig
+from colossalai_exporter.rulesgen.engines import engines
 from colossalai_exporter.rulesgen.model import RuleFile
 from colossalai_exporter.rulesgen.node import GPU_MEM_MAX, HOST_MEM_AVAIL, node
 from colossalai_exporter.rulesgen.pipeline import pipeline
@@ -51,7 +53,8 @@ ALERT_NAMES = (
     "DiskPathBroken", "NCCLRendezvousDown", "GPUCollectorDown", "GPUXidCritical",
     "GPUXidWarning", "GPUXidRecurring", "ChatServerDown",
     "ChatEngineError", "ChatGeneratingNothing", "ChatLatencyHigh", "ChatTimeToFirstTokenHigh",
-    "ChatStreamsUnreliable", "ExporterDown", "BridgeDeliveryFailing",
+    "ChatStreamsUnreliable", "InferenceAdmissionStalled", "InferenceQueueTimeHigh",
+    "ExporterDown", "BridgeDeliveryFailing",
     "BridgeQueueBacklog", "Watchdog",
 )
 # The alerts that name the cause of a failure. In deploy/alertmanager/alertmanager.yml
@@ -73,7 +76,7 @@ CONSEQUENCE_ALERTS = ("TrainingRankDown", "TrainingStalled", "NCCLRendezvousDown
 
 def build(config: RulesConfig) -> tuple[RuleFile, ...]:
     """Every rule file, in the order they are written."""
-    return (training(config), node(config), chat(config), pipeline(config))
+    return (training(config), node(config), chat(config), engines(config), pipeline(config))
 
 
 def alert_names() -> set[str]:
