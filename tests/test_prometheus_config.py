@@ -108,9 +108,9 @@ def test_real_prometheus_builds_probe_urls_and_labels(tmp_path: Path) -> None:
         def chat_targets() -> dict[str, dict[str, Any]] | None:
             found = {t["labels"]["instance"]: t for t in active_targets(base)
                      if t["labels"]["job"] == "colossalai-chat"}
-            return found if len(found) == 3 else None
+            return found if len(found) == 4 else None
 
-        chat = wait_until(chat_targets, timeout=20, interval=0.25, what="3 chat targets")
+        chat = wait_until(chat_targets, timeout=20, interval=0.25, what="4 chat targets")
         inference = urllib.parse.urlsplit(chat["http://inference-1:8000"]["scrapeUrl"])
         assert inference.netloc == "colossalai-prober:9467"
         assert inference.path == "/probe"
@@ -119,6 +119,9 @@ def test_real_prometheus_builds_probe_urls_and_labels(tmp_path: Path) -> None:
         # __param_module in the target file picks the group's module
         health = urllib.parse.urlsplit(chat["http://chat-1:8080"]["scrapeUrl"])
         assert urllib.parse.parse_qs(health.query)["module"] == ["health_json"]
+        # the same server probed by the streaming module under a target of its own
+        stream = urllib.parse.urlsplit(chat["http://inference-1:8000/"]["scrapeUrl"])
+        assert urllib.parse.parse_qs(stream.query)["module"] == ["chat_stream"]
         # no __ label leaks into the stored series
         assert set(chat["http://chat-1:8080"]["labels"]) == {"instance", "job"}
 
