@@ -20,7 +20,7 @@ from colossalai_exporter import Budgets, TrainingMonitor
 from colossalai_exporter.rankstate.files import read_snapshot, snapshot_path
 from colossalai_exporter.rankstate.schema import Snapshot
 from colossalai_exporter.training.errors import first_line
-from colossalai_exporter.training.monitor import detect_run_id
+from colossalai_exporter.training.settings import detect_run_id
 from conftest import REPO, require, small_tmpfs, wait_until
 from test_training_monitor import need_torch, quiet, sample
 

@@ -19,7 +19,7 @@ from colossalai_exporter.rankstate.schema import Snapshot
 from colossalai_exporter.rankstate.verdict import judge
 from colossalai_exporter.training import Budgets, classify_oom
 from colossalai_exporter.training.device_loss import DeviceLossReader
-from colossalai_exporter.training.monitor import detect_ranks
+from colossalai_exporter.training.settings import detect_ranks
 from colossalai_exporter.training.state import RankState
 from conftest import require, wait_until
 
@@ -477,3 +477,28 @@ def test_productive_and_checkpointed_seconds_for_goodput(tmp_path: Path) -> None
     assert sample(snap, "colossalai_training_checkpointed_seconds_total") == \
         pytest.approx(10.0)
     assert sample(snap, "colossalai_training_start_timestamp_seconds") == snap.created
+
+
+def test_settings_resolve_the_options_against_the_environment(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from colossalai_exporter.training.settings import MonitorSettings
+
+    for name, value in {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8",
+                        "COLOSSALAI_EXPORTER_PORT": "9100", "COLOSSALAI_EXPORTER_SERVE": "local",
+                        "STEP_HEARTBEAT_URL": "https://hb.example/step", "NVME_PATH": "/nvme",
+                        "TORCHELASTIC_RUN_ID": "llama-70b"}.items():
+        monkeypatch.setenv(name, value)
+    settings = MonitorSettings.resolve(run_dir=tmp_path, step_timeout=30.0)
+    assert (settings.rank, settings.local_rank, settings.world_size) == (3, 1, 8)
+    assert (settings.serve, settings.serves, settings.server_port) == ("local", True, 9101)
+    assert settings.run_dir == tmp_path and settings.run_id == "llama-70b"
+    assert settings.budgets.step == 30.0 and settings.nvme_paths == ("/nvme",)
+    assert settings.step_heartbeat_url is None  # rank 3: only rank 0 sends by default
+    assert MonitorSettings.resolve(heartbeat_all_ranks=True).step_heartbeat_url == \
+        "https://hb.example/step"
+    # what is given wins over the environment; a serve mode that does not exist serves none
+    given = MonitorSettings.resolve(rank=0, port=8000, serve="everywhere", run_dir=False)
+    assert (given.rank, given.port, given.serve, given.serves, given.run_dir) == (
+        0, 8000, "none", False, None)
+    monitor = quiet(tmp_path, rank=0, start=False)
+    assert monitor.settings.rank == monitor.rank == 0

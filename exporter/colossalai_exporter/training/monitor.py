@@ -17,10 +17,8 @@ for the device (:mod:`.device_loss`).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
-import socket
 import sys
 import threading
 import time
@@ -41,67 +39,17 @@ from colossalai_exporter.training.evidence import StallEvidence
 from colossalai_exporter.training.heartbeat import HeartbeatSender
 from colossalai_exporter.training.oom import classify_oom
 from colossalai_exporter.training.publisher import Publisher
+from colossalai_exporter.training.settings import (
+    MonitorSettings,
+)
 from colossalai_exporter.training.signals import SignalRecorder
 from colossalai_exporter.training.state import RECENT_STEPS, STEP_BUCKETS, Budgets, RankState
 
 log = logging.getLogger("colossalai_exporter.training")
 
-DEFAULT_PORT = 8766
-SERVE_MODES = ("rank0", "local", "none")
 _RING_MASK = RECENT_STEPS - 1
 _perf = time.perf_counter
 _wall = time.time
-
-
-def _env_int(name: str) -> int | None:
-    value = os.environ.get(name)
-    if value is None or not value.strip():
-        return None
-    try:
-        return int(value)
-    except ValueError:
-        log.warning("ignoring %s=%r: not an integer", name, value)
-        return None
-
-
-def detect_ranks() -> tuple[int, int, int]:
-    """(rank, local rank, world size): torch.distributed if initialised, else the env.
-
-    torch is consulted only if the script imported it, so that a plain Python
-    loop can use the monitor without torch installed.
-    """
-    rank = _env_int("RANK")
-    local = _env_int("LOCAL_RANK")
-    world = _env_int("WORLD_SIZE")
-    dist = sys.modules.get("torch.distributed")
-    try:
-        if dist is not None and dist.is_available() and dist.is_initialized():
-            rank, world = dist.get_rank(), dist.get_world_size()
-    except Exception:  # a half-initialised process group: fall back to the environment
-        pass
-    rank = 0 if rank is None else rank
-    return rank, (rank if local is None else local), (1 if world is None else world)
-
-
-def detect_run_id() -> str:
-    """An id every rank of one job shares and two concurrent jobs do not.
-
-    Alertmanager inhibits the alerts that follow from a failure (the other ranks
-    going down, the rendezvous closing) under the alert that names its cause,
-    matching on this ``run`` label; ``equal`` treats two missing labels as equal,
-    so it is never empty. In order: ``COLOSSALAI_EXPORTER_RUN_ID``, torchrun's
-    ``TORCHELASTIC_RUN_ID`` (``--rdzv-id``; "none" when not given), Slurm's job id,
-    then the rendezvous address ``MASTER_ADDR:MASTER_PORT`` (one job at a time
-    can listen there), else this process.
-    """
-    for name in ("COLOSSALAI_EXPORTER_RUN_ID", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID"):
-        value = os.environ.get(name, "").strip()
-        if value and value != "none":
-            return value
-    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if addr and port:
-        return f"{addr}:{port}"
-    return f"{socket.gethostname()}-{os.getpid()}"
 
 
 def _process_start(pid: int) -> float | None:
@@ -186,7 +134,7 @@ class TrainingMonitor:
       publish time (one device synchronisation per publish); by default a CUDA
       loss is copied to the host asynchronously (:mod:`.device_loss`).
     * ``run_id``: the ``run`` label on ``colossalai_training_info`` that alerts of
-      one job share (see :func:`detect_run_id`).
+      one job share (see :func:`~colossalai_exporter.training.settings.detect_run_id`).
     * ``watch_kernels``: watch ColossalAI's ``KernelLoader.load`` as phase
       ``kernels`` (default True; see :meth:`kernels`).
     * ``record_signals``: record SIGTERM and SIGINT in the snapshot before they take
@@ -222,44 +170,32 @@ class TrainingMonitor:
         record_signals: bool = True,
         start: bool = True,
     ) -> None:
-        d_rank, d_local, d_world = detect_ranks()
-        self.rank = d_rank if rank is None else rank
-        self.local_rank = d_local if local_rank is None else local_rank
-        self.world_size = d_world if world_size is None else world_size
+        self.settings = settings = MonitorSettings.resolve(
+            rank=rank, local_rank=local_rank, world_size=world_size, serve=serve, port=port,
+            host=host, web_config=web_config, run_dir=run_dir, budgets=budgets,
+            step_timeout=step_timeout, startup_timeout=startup_timeout,
+            checkpoint_timeout=checkpoint_timeout, publish_interval=publish_interval,
+            step_heartbeat_url=step_heartbeat_url,
+            checkpoint_heartbeat_url=checkpoint_heartbeat_url, heartbeat_every=heartbeat_every,
+            heartbeat_timeout=heartbeat_timeout, heartbeat_all_ranks=heartbeat_all_ranks,
+            nvme_paths=nvme_paths, loss_from_device=loss_from_device, run_id=run_id,
+            watch_kernels=watch_kernels, record_signals=record_signals)
+        self.rank, self.local_rank = settings.rank, settings.local_rank
+        self.world_size, self.budgets = settings.world_size, settings.budgets
+        self.run_id = settings.run_id
+        #: None once the run directory proved unwritable (start())
+        self.run_dir: Path | None = settings.run_dir
         pid = os.getpid()
         self._state = RankState(self.rank, self.local_rank, self.world_size, pid,
                                 _process_start(pid), pid_ns=snapfiles.pid_namespace())
-        budgets = budgets or Budgets()
-        overrides = {k: v for k, v in (("step", step_timeout), ("startup", startup_timeout),
-                                       ("checkpoint", checkpoint_timeout)) if v is not None}
-        self.budgets = dataclasses.replace(budgets, **overrides)
-        self._serve = serve or os.environ.get("COLOSSALAI_EXPORTER_SERVE") or "rank0"
-        if self._serve not in SERVE_MODES:
-            log.warning("serve=%r is not one of %s; serving nothing", self._serve,
-                        ", ".join(SERVE_MODES))
-            self._serve = "none"
-        self._port = port if port is not None else (
-            _env_int("COLOSSALAI_EXPORTER_PORT") or DEFAULT_PORT)
-        self._host, self._web_config = host, (
-            web_config or os.environ.get("COLOSSALAI_EXPORTER_WEB_CONFIG") or None)
-        if run_dir is True:
-            self.run_dir: Path | None = snapfiles.default_run_dir()
-        elif run_dir is False or run_dir is None:
-            self.run_dir = None
-        else:
-            self.run_dir = Path(run_dir)
-        self._publish_interval = publish_interval
-        self._nvme_paths = nvme_paths if nvme_paths is not None else tuple(
-            filter(None, [os.environ.get("NVME_PATH")]))
-        self._loss_reader = DeviceLossReader(synchronous=bool(loss_from_device))
+        self._loss_reader = DeviceLossReader(synchronous=settings.loss_from_device)
         self._loss_ref: Any = None
         self._last_loss_ref: Any = None
-        self._watch_kernels = watch_kernels
-        self._signals = SignalRecorder(self._interrupted) if record_signals else None
+        self._signals = SignalRecorder(self._interrupted) if settings.record_signals else None
         self._kernel_depth = 0  # nested kernels() blocks (a loader that loads another)
         self._checkpoint_path: str | os.PathLike[str] | None = None
         self._step = Step(self)  # reused: no allocation per step
-        self._publisher = Publisher(self._publish, publish_interval)
+        self._publisher = Publisher(self._publish, settings.publish_interval)
         self._last_done: float | None = None  # perf_counter of the last step_done()
         # The training phase's stall budget, as the last snapshot computed it: a step's
         # productive seconds stop there (one comparison on the hot path).
@@ -274,14 +210,10 @@ class TrainingMonitor:
         # the flight recorder's groups, kept between reads: naming them is costly
         self._progress = flight_recorder.ProgressReader()
         self._evidence = StallEvidence(self.rank, self._error)
-        sends = self.rank == 0 or heartbeat_all_ranks
         self._heartbeats = HeartbeatSender(
-            self._state,
-            (step_heartbeat_url or os.environ.get("STEP_HEARTBEAT_URL")) if sends else None,
-            (checkpoint_heartbeat_url or os.environ.get("CHECKPOINT_HEARTBEAT_URL"))
-            if sends else None,
-            every=heartbeat_every, timeout=heartbeat_timeout, on_error=self._error)
-        self.run_id = (run_id or detect_run_id())[:200]
+            self._state, settings.step_heartbeat_url, settings.checkpoint_heartbeat_url,
+            every=settings.heartbeat_every, timeout=settings.heartbeat_timeout,
+            on_error=self._error)
         self._info_defaults()
         if start:
             self.start()
@@ -307,7 +239,7 @@ class TrainingMonitor:
         if self._signals is not None and not self._signals.install():
             log.info("rank %d: the monitor was started outside the main thread; SIGTERM "
                      "and SIGINT are not recorded", self.rank)
-        if self._watch_kernels:
+        if self.settings.watch_kernels:
             from colossalai_exporter.training import colossal
 
             try:
@@ -316,16 +248,17 @@ class TrainingMonitor:
                 self._error("hook", exc)
 
     def _start_server(self) -> None:
-        if self._serve == "none" or (self._serve == "rank0" and self.rank != 0):
+        settings = self.settings
+        if not settings.serves:
             return
-        port = self._port + (self.local_rank if self._serve == "local" else 0)
         try:
             from colossalai_exporter.training.server import build_app
             from colossalai_exporter.web import load_web_config, serve
 
-            web_config = load_web_config(os.fspath(self._web_config) if self._web_config else None)
+            web_config = load_web_config(settings.web_config)
             self._server = serve(build_app(self.snapshot, web_config=web_config),
-                                 f"{self._host}:{port}", web_config, name="training",
+                                 f"{settings.host}:{settings.server_port}", web_config,
+                                 name="training",
                                  option="TrainingMonitor(port=…, host=…) / "
                                         "COLOSSALAI_EXPORTER_PORT")
         except ConfigError as exc:
@@ -349,7 +282,7 @@ class TrainingMonitor:
         _fatal_hook.detach(self)
         if self._signals is not None:
             self._signals.uninstall()
-        if self._watch_kernels:
+        if self.settings.watch_kernels:
             from colossalai_exporter.training import colossal
 
             colossal.unwatch_kernel_loader(self)
@@ -612,7 +545,7 @@ class TrainingMonitor:
 
     def _classify(self, exc: BaseException) -> Device | None:
         try:
-            return classify_oom(exc, self._nvme_paths)
+            return classify_oom(exc, self.settings.nvme_paths)
         except Exception as error:
             self._error("hook", error)
             return None
@@ -707,7 +640,7 @@ class TrainingMonitor:
     def _sample_activity(self, snap: Snapshot) -> None:
         # From the publisher (or a scrape's) thread; a few microseconds, nothing on the
         # training thread. Where a stalled rank is names the rank a hang waits for.
-        snap.publish_interval = self._publish_interval
+        snap.publish_interval = self.settings.publish_interval
         try:
             snap.activity = activity.sample(self._training_thread)
         except Exception as exc:
