@@ -209,7 +209,7 @@ def test_a_training_ranks_families(tmp_path: Path, monkeypatch: pytest.MonkeyPat
         with monitor.checkpoint(step=20):
             pass
         monitor.record_oom(RuntimeError("Adjust layout failed! No enough CUDA memory"))
-        monitor._publish_once()
+        monitor._publisher.publish()
         own = CollectorRegistry()
         own.register(SnapshotCollector(monitor.snapshot))
         ProcessCollector(registry=own)
