@@ -714,3 +714,37 @@ def test_an_event_handle_is_matched_by_the_address_it_holds() -> None:
     assert _handle_key(kept) == _handle_key(from_event) == ctypes.addressof(device)
     other = ctypes.pointer(pynvml.struct_c_nvmlDevice_t())
     assert _handle_key(other) != _handle_key(kept)
+
+
+def test_the_gpus_own_health_verdicts(make: Make, scenario: Scenario) -> None:
+    """NVML's recovery action, row remaps, retired pages, PCIe replays and hardware
+    slowdowns, each where the GPU has it; a GPU without them serves none of them."""
+    scenario.write(gpus=[
+        gpu(0, recovery_action=4, pcie_replays=120, clock_event_reasons=0x40 | 0x4 | 0x1,
+            remapped_rows={"correctable": 2, "uncorrectable": 1, "pending": True,
+                           "failure": False}),
+        gpu(1, recovery_action=0, retired_pages={"single_bit": 3, "double_bit": 1,
+                                                 "pending": True}),
+        gpu(2),  # an older driver and board: none of it
+    ])
+    reg = collect_once_started(make())
+    value = reg.get_sample_value
+    assert value("colossalai_gpu_recovery_action_info",
+                 {"gpu": "0", "action": "drain_and_reset"}) == 1
+    assert value("colossalai_gpu_recovery_action_info", {"gpu": "1", "action": "none"}) == 1
+    assert value("colossalai_gpu_remapped_rows", {"gpu": "0", "kind": "uncorrectable"}) == 1
+    assert value("colossalai_gpu_row_remap_pending", {"gpu": "0"}) == 1
+    assert value("colossalai_gpu_row_remap_failed", {"gpu": "0"}) == 0
+    assert value("colossalai_gpu_retired_pages", {"gpu": "1", "cause": "single_bit_ecc"}) == 3
+    assert value("colossalai_gpu_retired_pages_pending", {"gpu": "1"}) == 1
+    assert value("colossalai_gpu_pcie_replays_total", {"gpu": "0"}) == 120
+    # HW thermal slowdown is active; the power cap (0x4) and idle (0x1) are not reasons
+    assert value("colossalai_gpu_clock_slowdown_active",
+                 {"gpu": "0", "reason": "hw_thermal_slowdown"}) == 1
+    assert value("colossalai_gpu_clock_slowdown_active",
+                 {"gpu": "0", "reason": "hw_slowdown"}) == 0
+    text = exposition(list(reg.collect()))
+    for name in ("recovery_action", "remapped_rows", "retired_pages", "pcie_replays",
+                 "clock_slowdown"):
+        assert f'colossalai_gpu_{name}' not in "\n".join(
+            line for line in series(text) if 'gpu="2"' in line), name

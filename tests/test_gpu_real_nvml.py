@@ -271,3 +271,31 @@ def test_real_nvml_names_the_rank_whose_process_runs_on_a_gpu() -> None:
     finally:
         holder.kill()
         holder.wait(30)
+
+
+@pytest.mark.gpu
+def test_real_nvml_reads_the_gpus_health_fields() -> None:
+    """Every health field the reader asks NVML for, on a real GPU: each answers or says
+    NotSupported (None), and an H100/H200 on a driver >= 570 has the recovery action and
+    row remapping (Hopper remaps rows; it has no page retirement)."""
+    _need_real_gpus()
+    import pynvml
+
+    from colossalai_exporter.node.gpu.reader import NvmlReader
+
+    reader = NvmlReader(pynvml)
+    assert reader.initialise() is None
+    try:
+        reading = reader.sample()
+    finally:
+        reader.shutdown()
+    assert reading.failure is None and reading.gpus
+    for gpu in reading.gpus:
+        assert gpu.recovery_action is None or gpu.recovery_action >= 0
+        assert gpu.pcie_replays is None or gpu.pcie_replays >= 0
+        assert gpu.clock_event_reasons is None or gpu.clock_event_reasons >= 0
+        if "H100" in gpu.name or "H200" in gpu.name:
+            assert gpu.remapped_rows is not None, gpu
+            driver_major = int(reading.driver_version.split(".")[0])
+            if driver_major >= 570:
+                assert gpu.recovery_action is not None, gpu

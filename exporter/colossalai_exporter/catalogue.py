@@ -106,6 +106,29 @@ NODE: tuple[Metric, ...] = (
        "GPU core temperature.", ("gpu",), "celsius"),
     _m("colossalai_gpu_power_watts", "gauge",
        "GPU power draw (NVML reports milliwatts).", ("gpu",), "watts"),
+    _m("colossalai_gpu_recovery_action_info", "info",
+       "The recovery action NVML asks for (driver >= 570): none, gpu_reset, node_reboot, "
+       "drain_p2p, drain_and_reset, …; absent on drivers that cannot say.", ("gpu", "action")),
+    _m("colossalai_gpu_remapped_rows", "gauge",
+       "Rows remapped to spares (Ampere and later), by kind correctable|uncorrectable.",
+       ("gpu", "kind")),
+    _m("colossalai_gpu_row_remap_pending", "gauge",
+       "1 while a row remap waits for the next GPU reset (reset it at the next drain).",
+       ("gpu",)),
+    _m("colossalai_gpu_row_remap_failed", "gauge",
+       "1 once a row remap failed: the GPU has no spare rows left (replace it).", ("gpu",)),
+    _m("colossalai_gpu_retired_pages", "gauge",
+       "Memory pages retired (before Ampere), by cause single_bit_ecc|double_bit_ecc.",
+       ("gpu", "cause")),
+    _m("colossalai_gpu_retired_pages_pending", "gauge",
+       "1 while a page retirement waits for the next reboot.", ("gpu",)),
+    _m("colossalai_gpu_pcie_replays_total", "counter",
+       "PCIe replays since the driver loaded: link-level retries (a marginal slot, riser "
+       "or cable).", ("gpu",)),
+    _m("colossalai_gpu_clock_slowdown_active", "gauge",
+       "1 while the hardware slows the GPU's clocks, by reason hw_slowdown|"
+       "sw_thermal_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown (NVML's clocks "
+       "event reasons; the power cap and idle left out).", ("gpu", "reason")),
     _m("colossalai_gpu_ecc_errors_total", "counter",
        "ECC memory errors over the GPU's lifetime (aggregate), by type corrected|uncorrected; "
        "absent where the GPU or driver does not report ECC.", ("gpu", "type")),

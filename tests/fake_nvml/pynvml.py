@@ -59,6 +59,15 @@ What each knob mimics on real hardware:
 - ``gpus[].processes``: the pids of the compute processes on the GPU, as
   ``nvmlDeviceGetComputeRunningProcesses`` lists them (each with
   ``usedGpuMemory``); left out, the GPU has none.
+- The health fields, each NotSupported when left out (as on GPUs or drivers
+  without it): ``recovery_action`` (the ``NVML_FI_DEV_GET_GPU_RECOVERY_ACTION``
+  field of ``nvmlDeviceGetFieldValues``, driver >= 570: 0 none, 1 GPU reset, 2
+  node reboot, 3 drain P2P, 4 drain and reset); ``remapped_rows``
+  (``{"correctable": n, "uncorrectable": n, "pending": bool, "failure": bool}``,
+  Ampere and later); ``retired_pages`` (``{"single_bit": n, "double_bit": n,
+  "pending": bool}``, before Ampere); ``pcie_replays`` (a count);
+  ``clock_event_reasons`` (the nvmlClocksEventReason* bit mask: 0x8 HW slowdown,
+  0x20 SW thermal, 0x40 HW thermal, 0x80 power brake, 0x4 the power cap).
 """
 
 from __future__ import annotations
@@ -114,6 +123,12 @@ NVML_TEMPERATURE_GPU = _real.NVML_TEMPERATURE_GPU
 NVML_VOLATILE_ECC = _real.NVML_VOLATILE_ECC
 NVMLError = _real.NVMLError
 nvmlEventTypeXidCriticalError = _real.nvmlEventTypeXidCriticalError
+NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = _real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = \
+    _real.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = \
+    _real.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+NVML_SUCCESS = _real.NVML_SUCCESS
 
 __all__ = [
     "NVML_AGGREGATE_ECC",
@@ -124,8 +139,12 @@ __all__ = [
     "NVML_ERROR_NOT_SUPPORTED",
     "NVML_ERROR_TIMEOUT",
     "NVML_ERROR_UNINITIALIZED",
+    "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION",
     "NVML_MEMORY_ERROR_TYPE_CORRECTED",
     "NVML_MEMORY_ERROR_TYPE_UNCORRECTED",
+    "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR",
+    "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS",
+    "NVML_SUCCESS",
     "NVML_TEMPERATURE_GPU",
     "NVML_VOLATILE_ECC",
     "NVMLError",
@@ -340,6 +359,66 @@ class _Process:
 def nvmlDeviceGetComputeRunningProcesses(handle: _Handle) -> list[_Process]:
     _enter("nvmlDeviceGetComputeRunningProcesses", handle)
     return [_Process(int(pid)) for pid in _gpu(handle).get("processes", [])]
+
+
+def nvmlDeviceGetRemappedRows(handle: _Handle) -> tuple[int, int, int, int]:
+    _enter("nvmlDeviceGetRemappedRows", handle)
+    rows = _value(handle, "remapped_rows")
+    return (int(rows.get("correctable", 0)), int(rows.get("uncorrectable", 0)),
+            int(bool(rows.get("pending"))), int(bool(rows.get("failure"))))
+
+
+def nvmlDeviceGetRetiredPages(handle: _Handle, cause: int) -> list[int]:
+    _enter("nvmlDeviceGetRetiredPages", handle)
+    pages = _value(handle, "retired_pages")
+    key = {NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS: "single_bit",
+           NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR: "double_bit"}.get(cause)
+    if key is None:
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return [0x1000 * i for i in range(int(pages.get(key, 0)))]  # page addresses
+
+
+def nvmlDeviceGetRetiredPagesPendingStatus(handle: _Handle) -> int:
+    _enter("nvmlDeviceGetRetiredPagesPendingStatus", handle)
+    return int(bool(_value(handle, "retired_pages").get("pending")))
+
+
+def nvmlDeviceGetPcieReplayCounter(handle: _Handle) -> int:
+    _enter("nvmlDeviceGetPcieReplayCounter", handle)
+    return int(_value(handle, "pcie_replays"))
+
+
+def nvmlDeviceGetCurrentClocksEventReasons(handle: _Handle) -> int:
+    _enter("nvmlDeviceGetCurrentClocksEventReasons", handle)
+    return int(_value(handle, "clock_event_reasons"))
+
+
+@dataclass
+class _FieldValue:
+    """c_nvmlFieldValue_t's parts the reader uses: per-field return code and value."""
+
+    fieldId: int
+    nvmlReturn: int = NVML_SUCCESS
+    value: Any = None
+
+
+@dataclass
+class _Value:
+    uiVal: int = 0
+
+
+def nvmlDeviceGetFieldValues(handle: _Handle, field_ids: list[int]) -> list[_FieldValue]:
+    """Like NVML: the call succeeds and each field says whether it is supported."""
+    _enter("nvmlDeviceGetFieldValues", handle)
+    gpu = _gpu(handle)
+    values = []
+    for field_id in field_ids:
+        action = gpu.get("recovery_action")
+        if field_id == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and action is not None:
+            values.append(_FieldValue(field_id, NVML_SUCCESS, _Value(int(action))))
+        else:
+            values.append(_FieldValue(field_id, NVML_ERROR_NOT_SUPPORTED, _Value()))
+    return values
 
 
 def nvmlEventSetCreate() -> _EventSet:

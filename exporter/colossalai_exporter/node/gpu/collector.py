@@ -41,6 +41,7 @@ from prometheus_client.core import Metric as MetricFamily
 from colossalai_exporter import catalogue
 from colossalai_exporter.node.base import READY, CollectorError, LoopWaker
 from colossalai_exporter.node.gpu import xid
+from colossalai_exporter.node.gpu.health import health_families
 from colossalai_exporter.node.gpu.protocol import (
     MISSING_GPUS,
     NO_DRIVER,
@@ -512,6 +513,7 @@ class GpuCollector:
             info.add_metric([str(gpu.index), gpu.uuid, gpu.name, reading.driver_version], {})
         families.append(info)
         families.extend(self._per_gpu(reading.gpus))
+        families.extend(health_families(reading.gpus))
         return [family for family in families if family.samples or family is devices]
 
     def _per_gpu(self, gpus: tuple[GpuReading, ...]) -> list[MetricFamily]:

@@ -37,6 +37,19 @@ class GpuReading:
     xid_watched: bool = False
     #: pids of the compute processes on the GPU (None where NVML cannot list them)
     pids: tuple[int, ...] | None = None
+    #: NVML's GPU_RECOVERY_ACTION field (driver >= 570): 0 none, 1 GPU reset, 2 node
+    #: reboot, 3 drain P2P, 4 drain and reset, ...
+    recovery_action: int | None = None
+    #: row remapping (Ampere and later): (correctable rows, uncorrectable rows, a remap
+    #: pending until the next reset, a remap that failed)
+    remapped_rows: tuple[int, int, bool, bool] | None = None
+    #: page retirement (before Ampere): (pages retired for single-bit errors, for
+    #: double-bit errors, a retirement pending until the next reboot)
+    retired_pages: tuple[int, int, bool] | None = None
+    #: PCIe replays since the driver loaded
+    pcie_replays: int | None = None
+    #: NVML's clocks event reasons, a bit mask (nvmlClocksEventReason*)
+    clock_event_reasons: int | None = None
 
 
 @dataclass(frozen=True)

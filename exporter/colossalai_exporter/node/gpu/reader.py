@@ -166,6 +166,7 @@ class NvmlReader:
                                      nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
                                      nvml.NVML_AGGREGATE_ECC)
         processes = self._optional(nvml.nvmlDeviceGetComputeRunningProcesses, handle)
+        remapped = self._optional(nvml.nvmlDeviceGetRemappedRows, handle)
         return GpuReading(
             index=index, uuid=uuid, name=name,
             memory_used_bytes=None if memory is None else int(memory.used),
@@ -177,7 +178,48 @@ class NvmlReader:
             ecc_uncorrected=None if uncorrected is None else int(uncorrected),
             xid_watched=index in self._watched,
             pids=None if processes is None else tuple(int(p.pid) for p in processes),
+            recovery_action=self._recovery_action(handle),
+            remapped_rows=None if remapped is None else (
+                int(remapped[0]), int(remapped[1]), bool(remapped[2]), bool(remapped[3])),
+            retired_pages=self._retired_pages(handle),
+            pcie_replays=self._optional(nvml.nvmlDeviceGetPcieReplayCounter, handle),
+            clock_event_reasons=self._clock_event_reasons(handle),
         )
+
+    def _recovery_action(self, handle: Any) -> int | None:
+        """NVML's recovery action field; None on drivers before 570 (or a pynvml without
+        the field), which cannot say."""
+        nvml = self.nvml
+        field_id = getattr(nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+        if field_id is None:
+            return None
+        values = self._optional(nvml.nvmlDeviceGetFieldValues, handle, [field_id])
+        if not values or int(values[0].nvmlReturn) != 0:  # per field: NOT_SUPPORTED, …
+            return None
+        return int(values[0].value.uiVal)
+
+    def _retired_pages(self, handle: Any) -> tuple[int, int, bool] | None:
+        nvml = self.nvml
+        single = self._optional(nvml.nvmlDeviceGetRetiredPages, handle,
+                                nvml.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS)
+        if single is None:
+            return None  # Ampere and later remap rows instead
+        double = self._optional(nvml.nvmlDeviceGetRetiredPages, handle,
+                                nvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR) or []
+        pending = self._optional(nvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
+        return len(single), len(double), bool(pending)
+
+    def _clock_event_reasons(self, handle: Any) -> int | None:
+        nvml = self.nvml
+        # The older name on drivers before 535 (the same mask).
+        for name in ("nvmlDeviceGetCurrentClocksEventReasons",
+                     "nvmlDeviceGetCurrentClocksThrottleReasons"):
+            function = getattr(nvml, name, None)
+            if function is not None:
+                value = self._optional(function, handle)
+                if value is not None:
+                    return int(value)
+        return None
 
     def _optional(self, function: Any, *args: Any) -> Any:
         """``function(*args)``, or None where this GPU or driver does not support it."""
