@@ -735,7 +735,7 @@ def test_the_gpus_own_health_verdicts(make: Make, scenario: Scenario) -> None:
     assert value("colossalai_gpu_remapped_rows", {"gpu": "0", "kind": "uncorrectable"}) == 1
     assert value("colossalai_gpu_row_remap_pending", {"gpu": "0"}) == 1
     assert value("colossalai_gpu_row_remap_failed", {"gpu": "0"}) == 0
-    assert value("colossalai_gpu_retired_pages", {"gpu": "1", "cause": "single_bit_ecc"}) == 3
+    assert value("colossalai_gpu_retired_pages", {"gpu": "1", "kind": "single_bit_ecc"}) == 3
     assert value("colossalai_gpu_retired_pages_pending", {"gpu": "1"}) == 1
     assert value("colossalai_gpu_pcie_replays_total", {"gpu": "0"}) == 120
     # HW thermal slowdown is active; the power cap (0x4) and idle (0x1) are not reasons

@@ -35,7 +35,8 @@ def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_rule_files_exist() -> None:
     assert [f.name for f in RULE_FILES] == sorted(
-        f"colossalai-{n}.rules.yml" for n in ("training", "node", "chat", "pipeline"))
+        f"colossalai-{n}.rules.yml"
+        for n in ("training", "node", "chat", "chat-engines", "pipeline"))
 
 
 def test_promtool_check_rules_is_clean(tmp_path: Path) -> None:

@@ -118,6 +118,10 @@ class Thresholds(Section, frozen=True):
     gpu_xid_window: Duration
     gpu_xid_recurring_count: int
     gpu_xid_recurring_window: Duration
+    gpu_retired_pages: int
+    gpu_pcie_replays_per_minute: float
+    gpu_clock_slowdown_share: float
+    gpu_clock_slowdown_window: Duration
 
 
 class Kubernetes(Section, frozen=True):

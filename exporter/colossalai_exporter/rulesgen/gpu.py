@@ -1,4 +1,10 @@
-"""GPU Xid errors: GPUXidCritical, GPUXidWarning, GPUXidRecurring.
+"""GPU hardware: Xid errors and the GPU's own health verdicts.
+
+GPUXidCritical, GPUXidWarning and GPUXidRecurring from the Xid events;
+GPURecoveryActionRequired, GPURowRemapFailure, GPURowRemapPending,
+GPURetiredPagesHigh, GPUPCIeReplaysHigh and GPUClockSlowdown from what NVML
+reports of the GPU (node/gpu/health.py). The critical ones are cause alerts, as
+a critical Xid is.
 
 The node agent counts the Xid events the driver logs, by code, with each code's
 tier, meaning and action from the catalog (node/gpu/xid.py). A critical Xid is
@@ -11,13 +17,16 @@ from __future__ import annotations
 
 from colossalai_exporter.node.gpu import xid
 from colossalai_exporter.rulesgen.common import INFO, nodes_dashboard, recent_events, with_run
-from colossalai_exporter.rulesgen.config import Thresholds
+from colossalai_exporter.rulesgen.config import RulesConfig, Thresholds
 from colossalai_exporter.rulesgen.model import Alert
 from colossalai_exporter.rulesgen.promql import (
     Selector,
+    expr,
     fill,
     label_is,
+    label_is_not,
     matching,
+    number,
     printf_query,
 )
 
@@ -89,5 +98,94 @@ def gpu_xids(node_agents: Selector, thresholds: Thresholds) -> tuple[Alert, ...]
                  'printf "%.0f" }} times in [[window]]. One job\'s bug raises it anywhere; '
                  "on one GPU again and again it points at the GPU: drain the node and run "
                  "the GPU's diagnostics (dcgmi diag -r 3).", window=window),
+            nodes_dashboard()),
+    )
+
+
+#: what each recovery action NVML can ask for means to an operator
+RECOVERY_ACTION_WORDS = {
+    "gpu_reset": "reset the GPU (nvidia-smi -r -i <gpu>) once its processes are stopped",
+    "node_reboot": "drain the node and reboot it",
+    "drain_p2p": "stop the node's multi-GPU (peer-to-peer) jobs, then reset the GPU",
+    "drain_and_reset": "drain the node, then reset the GPU",
+    "bus_reset": "drain the node and reset the GPU's PCIe bus",
+    "system_reboot": "drain the node and reboot the whole system",
+}
+
+
+def recovery_action_words() -> str:
+    """The alert's ``action`` label as an instruction (a Go template chain)."""
+    chain = "".join(f'{{{{ {"if" if i == 0 else "else if"} eq $labels.action "{key}" }}}}'
+                    f"{text}" for i, (key, text) in enumerate(RECOVERY_ACTION_WORDS.items()))
+    return chain + "{{ else }}see NVIDIA's documentation of this recovery action{{ end }}"
+
+
+def gpu_health(node_agents: Selector, config: RulesConfig) -> tuple[Alert, ...]:
+    """What NVML says of the GPU itself: the recovery action it asks for and a failed
+    row remap page (and, with the ranks of the run, mute their consequences); a pending
+    remap, many retired pages, PCIe replays and hardware slowdowns tell."""
+    node_labels = ("job", "instance")
+    th = config.thresholds
+    action = node_agents("colossalai_gpu_recovery_action_info", label_is_not("action", "none"))
+    return (
+        Alert(
+            "GPURecoveryActionRequired", with_run(action, node_agents, node_labels),
+            "critical", "NVML asks for a recovery action on a GPU.",
+            fill("GPU [[$gpu]] on [[$instance]]: NVML asks for {{ $labels.action }} — "
+                 "[[words]].[[ranks]]", words=recovery_action_words(), ranks=xid_ranks()),
+            nodes_dashboard()),
+        Alert(
+            "GPURowRemapFailure",
+            with_run(node_agents("colossalai_gpu_row_remap_failed") + " == 1", node_agents,
+                     node_labels),
+            "critical", "A GPU failed to remap a memory row: it has no spare rows left.",
+            fill("GPU [[$gpu]] on [[$instance]]: a row remap failed, the GPU's memory has no "
+                 "spare rows left — drain the node and replace the GPU (RMA).[[ranks]]",
+                 ranks=xid_ranks()),
+            nodes_dashboard()),
+        Alert(
+            "GPURowRemapPending", node_agents("colossalai_gpu_row_remap_pending") + " == 1",
+            "warning", "A GPU has a row remap waiting for its next reset.",
+            fill("GPU [[$gpu]] on [[$instance]]: a memory row remap waits for the next GPU "
+                 "reset — reset the GPU at the next drain (until then the bad row is "
+                 "still in use)."),
+            nodes_dashboard()),
+        Alert(
+            "GPURetiredPagesHigh",
+            expr(f"""
+                sum without (kind) ({node_agents("colossalai_gpu_retired_pages")})
+                  >= {th.gpu_retired_pages}
+            """),
+            "warning", "A GPU has retired many memory pages.",
+            fill("GPU [[$gpu]] on [[$instance]] has retired {{ $value }} memory pages "
+                 "(at [[limit]] or more; the table holds about 64): drain the node and run "
+                 "the GPU's diagnostics; replace it when the table is full.",
+                 limit=th.gpu_retired_pages),
+            nodes_dashboard()),
+        Alert(
+            "GPUPCIeReplaysHigh",
+            expr(f"""
+                rate({node_agents("colossalai_gpu_pcie_replays_total")}[5m]) * 60
+                  > {number(th.gpu_pcie_replays_per_minute)}
+            """),
+            "warning", "A GPU's PCIe link retries often.",
+            fill("GPU [[$gpu]] on [[$instance]]: {{ $value | printf \"%.0f\" }} PCIe replays "
+                 "a minute (above [[limit]]): a marginal slot, riser or cable — reseat or "
+                 "replace it at the next drain.",
+                 limit=number(th.gpu_pcie_replays_per_minute)),
+            nodes_dashboard()),
+        Alert(
+            "GPUClockSlowdown",
+            expr(f"""
+                avg_over_time((
+                  max without (reason) ({node_agents("colossalai_gpu_clock_slowdown_active")})
+                )[{th.gpu_clock_slowdown_window}:1m])
+                  >= {number(th.gpu_clock_slowdown_share)}
+            """),
+            "warning", "The hardware keeps slowing a GPU down.",
+            fill("GPU [[$gpu]] on [[$instance]] was slowed down by the hardware (thermal, "
+                 "power brake or HW slowdown) {{ $value | humanizePercentage }} of the last "
+                 "[[window]]: check its cooling and power; every rank of a synchronous job "
+                 "waits for it.", window=th.gpu_clock_slowdown_window),
             nodes_dashboard()),
     )

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from colossalai_exporter.rulesgen.common import INFO, RANK_UP, nodes_dashboard
 from colossalai_exporter.rulesgen.config import Duration, RulesConfig, Thresholds
-from colossalai_exporter.rulesgen.gpu import gpu_xids
+from colossalai_exporter.rulesgen.gpu import gpu_health, gpu_xids
 from colossalai_exporter.rulesgen.model import Alert, Group, Recording, RuleFile
 from colossalai_exporter.rulesgen.promql import Selector, expr, fill, number, query, si_bytes
 
@@ -38,6 +38,7 @@ def node(config: RulesConfig) -> RuleFile:
         rendezvous_down(node_agents),
         gpu_collector_down(node_agents, config.for_["GPUCollectorDown"]),
         *gpu_xids(node_agents, thresholds),
+        *gpu_health(node_agents, config),
     ))
     return RuleFile("colossalai-node", (recording, alerts))
 

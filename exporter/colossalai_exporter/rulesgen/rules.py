@@ -51,7 +51,9 @@ ALERT_NAMES = (
     "CheckpointFailing", "KernelBuildFailed", "KernelsNotReady",
     "TrainingHeartbeatFailing", "GPUMemoryOOMRisk", "HostMemoryOOMRisk", "CheckpointDiskLow",
     "DiskPathBroken", "NCCLRendezvousDown", "GPUCollectorDown", "GPUXidCritical",
-    "GPUXidWarning", "GPUXidRecurring", "ChatServerDown",
+    "GPUXidWarning", "GPUXidRecurring", "GPURecoveryActionRequired", "GPURowRemapFailure",
+    "GPURowRemapPending", "GPURetiredPagesHigh", "GPUPCIeReplaysHigh", "GPUClockSlowdown",
+    "ChatServerDown",
     "ChatEngineError", "ChatGeneratingNothing", "ChatLatencyHigh", "ChatTimeToFirstTokenHigh",
     "ChatStreamsUnreliable", "InferenceAdmissionStalled", "InferenceQueueTimeHigh",
     "ExporterDown", "BridgeDeliveryFailing",
@@ -65,7 +67,7 @@ ALERT_NAMES = (
 # torch.save leaves that rank outside any collective while the others wait).
 SPECIFIC_CAUSE_ALERTS = ("GeminiOutOfMemory", "KernelBuildFailed", "CheckpointFailing",
                          "CheckpointStuck", "TrainingRankOOMKilled", "TrainingNodeLost",
-                         "GPUXidCritical")
+                         "GPUXidCritical", "GPURecoveryActionRequired", "GPURowRemapFailure")
 # Causes named from the outside (who a hang waits for; a run that keeps restarting): they
 # explain the stalls and rank-downs that follow, and a specific cause explains them.
 GENERAL_CAUSE_ALERTS = ("TrainingHangSuspect", "TrainingRestartLoop")
