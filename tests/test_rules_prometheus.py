@@ -80,7 +80,8 @@ scrape_configs:
         # every rule in every file evaluates without error against live data
         groups = prometheus.api("/api/v1/rules")["groups"]
         assert {g["file"].rsplit("/", 1)[-1] for g in groups} == {
-            f"colossalai-{n}.rules.yml" for n in ("training", "node", "chat", "pipeline")}
+            f"colossalai-{n}.rules.yml"
+            for n in ("training", "node", "chat", "chat-engines", "pipeline")}
         # Groups on the global 1 s interval, and the goodput-1h group (once a minute):
         # every rule evaluated, healthy. The goodput-24h group (every 5 minutes) may not
         # have run yet: its rules are run as queries instead, which must not fail.
