@@ -346,9 +346,20 @@ def test_debug_shows_the_probe_log(setup: dict[str, Any]) -> None:
     assert "probe_success 1.0" in text
 
 
-def test_outputs_are_promtool_clean_and_catalogued(setup: dict[str, Any]) -> None:
+def assert_clean_and_catalogued(texts: list[str]) -> None:
+    """Each exposition passes `promtool check metrics` and uses only catalogued names."""
     promtool = require_binary("promtool")
     known = catalogue.known_sample_names()
+    for text in texts:
+        lint = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
+                              text=True, timeout=30, check=False)
+        assert lint.returncode == 0, lint.stdout + lint.stderr
+        for fam in text_string_to_metric_families(text):
+            for sample in fam.samples:
+                assert sample.name in known, sample.name
+
+
+def test_outputs_are_promtool_clean_and_catalogued(setup: dict[str, Any]) -> None:
     with refused_port() as closed:
         texts = [probe(setup, setup["inference_url"], "colossal_inference")[1],
                  probe(setup, f"http://127.0.0.1:{closed}", "http_2xx")[1],
@@ -358,13 +369,7 @@ def test_outputs_are_promtool_clean_and_catalogued(setup: dict[str, Any]) -> Non
     status, _, body = http_get(setup["prober"].url + "/metrics")
     assert status == 200
     texts.append(body.decode())
-    for text in texts:
-        lint = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
-                              text=True, timeout=30, check=False)
-        assert lint.returncode == 0, lint.stdout + lint.stderr
-        for fam in text_string_to_metric_families(text):
-            for sample in fam.samples:
-                assert sample.name in known, sample.name
+    assert_clean_and_catalogued(texts)
     samples = probe_samples(texts[-1])
     assert (value(samples, "colossalai_probe_probes_total", module="colossal_inference",
                   result="success") or 0) >= 1

@@ -4,19 +4,22 @@ while its /health stays 200."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from chat_servers import served, streaming_app
-from colossalai_exporter import catalogue
 from colossalai_exporter.probe.stream import Done, EngineError, StreamParser, Token
-from conftest import ServerProcess, cli_env, free_port, http_get, require_binary
-from test_probe_e2e import assert_failed, probe, probe_samples, value
+from conftest import ServerProcess, cli_env, free_port, http_get
+from test_probe_e2e import (
+    assert_clean_and_catalogued,
+    assert_failed,
+    probe,
+    probe_samples,
+    value,
+)
 
 # Limits far above what a healthy stream on a loaded machine needs (its tokens come at once),
 # and never reached by a misbehaving one on a timer: those servers never send again.
@@ -189,18 +192,10 @@ def test_the_parsers_split_reads_anywhere() -> None:
 
 
 def test_stream_outputs_are_promtool_clean_and_catalogued(setup: dict[str, Any]) -> None:
-    promtool = require_binary("promtool")
-    known = catalogue.known_sample_names()
     texts = [probe(setup, f"{setup['url']}/{mode}", "openai_stream", timeout=30)[1]
              for mode in ("ok", "no_first_token")]
     texts.append(http_get(setup["prober"].url + "/metrics")[2].decode())
-    for text in texts:
-        lint = subprocess.run([promtool, "check", "metrics"], input=text, capture_output=True,
-                              text=True, timeout=30, check=False)
-        assert lint.returncode == 0, lint.stdout + lint.stderr
-        for fam in text_string_to_metric_families(text):
-            for sample in fam.samples:
-                assert sample.name in known, sample.name
+    assert_clean_and_catalogued(texts)
     counters = probe_samples(texts[-1])
     assert (value(counters, "colossalai_probe_probes_total", module="openai_stream",
                   result="first_token_timeout") or 0) >= 1

@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 import msgspec
@@ -42,7 +42,6 @@ KINDS = ("heartbeat", "health_heartbeat", "webhook")
 METHODS = ("GET", "POST", "HEAD", "PUT")
 DEFAULT_HEARTBEAT_SELECTOR = ('alertname="Watchdog"',)
 _NAME = re.compile(r"^[a-zA-Z0-9_.-]{1,64}$")
-T = TypeVar("T")
 
 
 class TLSSettings(configfile.TLSClient, frozen=True):

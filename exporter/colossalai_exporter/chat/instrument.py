@@ -97,11 +97,10 @@ class ChatMetrics(Collector):
     def uptime(self) -> float:
         return self._clock() - self.start_time
 
-    def mark_progress(self, now: float | None = None) -> None:
-        """Something was generated: a streamed part leaves (called by the middleware,
-        with its time.monotonic()), or the app says so for work it does outside a
-        response (a batch job)."""
-        self._last_progress = time.monotonic() if now is None else now
+    def mark_progress(self) -> None:
+        """Something was generated outside a streamed response (a non-streaming
+        generation, a batch job): the app says so (streamed parts count by themselves)."""
+        self._last_progress = time.monotonic()
 
     @property
     def last_progress_time(self) -> float:
