@@ -29,6 +29,8 @@ CORPUS: list[tuple[str, str, str]] = [
                                            "(known: listen_address, config_file)"),
     ("probe", "web: {listen_adress: ':1'}", "web: unknown key `listen_adress` "
                                             "(known: listen_address, config_file)"),
+    ("bridge", "web: {listen_adress: ':1'}", "web: unknown key `listen_adress` "
+                                             "(known: listen_address, config_file)"),
     ("web", "http_server_config: {header: {}}", "http_server_config: unknown key `header`"),
     ("bridge", "receiver: {bearer_tokn: x}", "receiver: unknown key `bearer_tokn`"),
     ("rules", "thresholds: {straggler_ration: 2}", "thresholds: unknown key `straggler_ration`"),
@@ -57,6 +59,7 @@ CORPUS: list[tuple[str, str, str]] = [
     # a value outside its set
     ("node", "log: {level: verbose}", "log.level: invalid enum value 'verbose' (one of: debug,"),
     ("probe", "log: {level: verbose}", "log.level: invalid enum value 'verbose' (one of: debug,"),
+    ("bridge", "log: {level: verbose}", "log.level: invalid enum value 'verbose' (one of: debug,"),
     ("web", "tls_server_config: {cert_file: a, key_file: b, min_version: TLS14}",
      "tls_server_config.min_version: invalid enum value 'TLS14' (one of: TLS10,"),
     ("bridge", "targets: [{name: w, type: heartbeat, url: 'https://x/y', "

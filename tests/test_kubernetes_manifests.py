@@ -221,7 +221,7 @@ def test_node_agent_daemonset() -> None:
     assert [(d.name, d.path, d.mount_point) for d in config.disks] == [
         ("checkpoints", "/host/data/checkpoints", False), ("nvme_offload", "/host/mnt/nvme", True)]
     assert config.ranks_run_dir == "/run/colossalai-exporter"
-    assert config.listen_address == ":9466"
+    assert config.daemon.listen_address == ":9466"
     # probes on the landing page: /health is 503 while a collector reports a problem
     assert container["livenessProbe"]["httpGet"]["path"] == "/"
 

@@ -132,7 +132,7 @@ def test_node_env_file_is_what_the_agent_accepts() -> None:
     add_node_flags(parser)
     args = parser.parse_args(env["NODE_AGENT_ARGS"].split())
     config = load_config(args, env=env)
-    assert config.listen_address == ":9466"
+    assert config.daemon.listen_address == ":9466"
     assert {d.name: (d.path, d.mount_point) for d in config.disks} == {
         "nvme_offload": (env["NVME_PATH"], True)}
     # without --disk flags of its own, the tutorial's variables name the disks

@@ -89,6 +89,13 @@ class LogSection(Section, frozen=True):
     format: Literal["logfmt", "json"] | None = None
 
 
+class DaemonFile(Section, frozen=True):
+    """The sections every daemon's file starts with (daemon.DaemonSettings reads them)."""
+
+    web: WebSection = WebSection()
+    log: LogSection = LogSection()
+
+
 _SSL_SOURCE_LINE: Final = re.compile(r"\s*\(_ssl\.c:\d+\)$")
 
 

@@ -14,14 +14,10 @@ import sys
 import time
 from collections.abc import Sequence
 
-from colossalai_exporter.bridge.config import check_file, load_config
+from colossalai_exporter.bridge.config import DEFAULT_PORT, check_file, load_config
 from colossalai_exporter.bridge.store import DeadLetter, Delivery, Store, StoreError
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.flags import ArgumentParser, add_common_flags
-from colossalai_exporter.logs import setup_logging
-from colossalai_exporter.web import load_web_config
-
-DEFAULT_PORT = 9468
 
 
 def _run(argv: Sequence[str]) -> int:
@@ -36,13 +32,14 @@ def _run(argv: Sequence[str]) -> int:
     args = parser.parse_args(list(argv))
     if not args.config_file:
         raise ConfigError("--config.file is required (the bridge.yml naming the targets)")
-    setup_logging(args.log_level or "info", args.log_format or "logfmt")
     config = load_config(args.config_file)
-    web_config = load_web_config(args.web_config_file)
+    config.daemon.apply_flags(args)
+    config.daemon.start_logging()
+    web_config = config.daemon.web_config()
     from colossalai_exporter.bridge.runtime import BridgeRuntime
 
     runtime = BridgeRuntime(config, web_config)
-    server = runtime.start(args.listen_address or f":{DEFAULT_PORT}")
+    server = runtime.start(config.daemon.listen_address)
     try:
         server.wait()
     finally:

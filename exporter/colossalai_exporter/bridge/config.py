@@ -34,10 +34,19 @@ from colossalai_exporter.bridge.matchers import (
     compile_selector,
     parse_selector,
 )
-from colossalai_exporter.configfile import ConfigPath, NonEmpty, Seconds, Section
+from colossalai_exporter.configfile import (
+    ConfigPath,
+    LogSection,
+    NonEmpty,
+    Seconds,
+    Section,
+    WebSection,
+)
+from colossalai_exporter.daemon import DaemonSettings
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.flags import load_yaml_file
 
+DEFAULT_PORT = 9468
 KINDS = ("heartbeat", "health_heartbeat", "webhook")
 METHODS = ("GET", "POST", "HEAD", "PUT")
 DEFAULT_HEARTBEAT_SELECTOR = ('alertname="Watchdog"',)
@@ -127,6 +136,8 @@ class BridgeConfig:
     delivery: RetryPolicy = RetryPolicy()
     unhealthy_after_periods: float = 3.0
     source: Path | None = None
+    # How it serves and logs: the file's web: and log:, then the flags (bridge/cli.py).
+    daemon: DaemonSettings = field(default_factory=lambda: DaemonSettings.on_port(DEFAULT_PORT))
     # Settings that are valid but weaken something (insecure_skip_verify): `bridge check`
     # prints them and the bridge logs them at start-up.
     warnings: tuple[str, ...] = ()
@@ -214,9 +225,11 @@ class BridgeFile(Section, frozen=True):
 
     delivery: Any = None
     health: Any = None
+    log: Any = None
     receiver: Any = None
     state_dir: Any = None
     targets: Any = None
+    web: Any = None
 
 
 class _Problems:
@@ -437,6 +450,8 @@ def _validate(data: Any, source: Path | None) -> tuple[BridgeConfig | None, _Pro
         for key in ("initial_backoff", "max_backoff", "max_retry_after"):
             problems.positive(f"delivery.{key}", getattr(delivery, key))
     health = problems.convert(root.health, HealthSection, "health")
+    web = problems.convert(root.web, WebSection, "web")
+    log = problems.convert(root.log, LogSection, "log")
     targets = _targets(root.targets, problems)
     if problems.items:
         return None, problems
@@ -444,13 +459,17 @@ def _validate(data: Any, source: Path | None) -> tuple[BridgeConfig | None, _Pro
     assert state_dir is not None
     assert receiver is not None
     assert delivery is not None
+    assert web is not None
+    assert log is not None
+    daemon = DaemonSettings.on_port(DEFAULT_PORT)
+    daemon.apply_file(web, log)
     return BridgeConfig(
         state_dir=Path(state_dir), targets=tuple(targets), bearer_token=token,
         max_body_bytes=receiver.max_body_bytes, body_timeout=receiver.body_timeout,
         delivery=RetryPolicy(delivery.initial_backoff, delivery.max_backoff,
                              delivery.max_retry_after),
         unhealthy_after_periods=health.unhealthy_after_periods, source=source,
-        warnings=tuple(problems.warnings)), problems
+        daemon=daemon, warnings=tuple(problems.warnings)), problems
 
 
 def check_file(path: str | Path) -> tuple[list[str], list[str]]:

@@ -13,7 +13,6 @@ import threading
 from typing import TYPE_CHECKING
 
 from colossalai_exporter.flags import ArgumentParser, add_common_flags
-from colossalai_exporter.logs import setup_logging
 from colossalai_exporter.node.config import DEFAULT_PORT, NodeConfig, add_node_flags, load_config
 
 if TYPE_CHECKING:
@@ -82,21 +81,22 @@ def main(argv: list[str]) -> int:
     add_node_flags(parser)
     args = parser.parse_args(argv)
     config = load_config(args)
-    setup_logging(config.log_level, config.log_format)
+    config.daemon.start_logging()
     gpu_worker = start_gpu_worker(config)
     from colossalai_exporter.node.agent import build_app
-    from colossalai_exporter.web import App, load_web_config, serve
+    from colossalai_exporter.web import App, serve
     from colossalai_exporter.web.auth import BasicAuthenticator
     from colossalai_exporter.web.server import stop_on_signals
 
     # The agent owns the worker from here on: whatever fails below, close() stops it.
     agent = build_agent(config, gpu_worker)
     try:
-        web_config = load_web_config(config.web_config_file)
+        web_config = config.daemon.web_config()
         app = App(authenticator=BasicAuthenticator(web_config.basic_auth_users),
                   extra_headers=web_config.headers, max_body_bytes=0)
         stop = stop_on_signals()
-        handle = serve(build_app(agent, app), config.listen_address, web_config, name="node")
+        handle = serve(build_app(agent, app), config.daemon.listen_address, web_config,
+                       name="node")
         threading.Thread(target=report_first_scrape, args=(agent,), daemon=True).start()
         handle.wait(stop)
     finally:

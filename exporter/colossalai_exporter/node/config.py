@@ -36,12 +36,12 @@ import msgspec
 
 from colossalai_exporter.configfile import (
     ConfigPath,
-    LogSection,
+    DaemonFile,
     Seconds,
     Section,
-    WebSection,
     load,
 )
+from colossalai_exporter.daemon import DaemonSettings
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.node import collectors as registry
 from colossalai_exporter.node.disk import WatchedPath
@@ -58,10 +58,7 @@ DEFAULT_DISKS: tuple[tuple[str, str, str], ...] = (
 
 @dataclass
 class NodeConfig:
-    listen_address: str = f":{DEFAULT_PORT}"
-    web_config_file: str | None = None
-    log_level: str = "info"
-    log_format: str = "logfmt"
+    daemon: DaemonSettings = field(default_factory=lambda: DaemonSettings.on_port(DEFAULT_PORT))
     scrape_timeout: float = 8.0
     collectors: dict[str, bool] = field(default_factory=registry.defaults)
     gpu_timeout: float = 5.0
@@ -136,9 +133,7 @@ class NcclSection(Section, frozen=True):
     timeout_seconds: Seconds | None = None
 
 
-class NodeFile(Section, frozen=True):
-    web: WebSection = WebSection()
-    log: LogSection = LogSection()
+class NodeFile(DaemonFile, frozen=True):
     scrape_timeout_seconds: Seconds | None = None
     collectors: CollectorsSection = CollectorsSection()
     gpu: GpuSection = GpuSection()
@@ -150,10 +145,7 @@ class NodeFile(Section, frozen=True):
 
 def apply_file(config: NodeConfig, file: NodeFile, source: str) -> None:
     """Values the file sets replace the defaults; flags replace them in turn."""
-    config.listen_address = file.web.listen_address or config.listen_address
-    config.web_config_file = file.web.config_file or config.web_config_file
-    config.log_level = file.log.level or config.log_level
-    config.log_format = file.log.format or config.log_format
+    config.daemon.apply_file(file.web, file.log)
     if file.scrape_timeout_seconds is not None:
         config.scrape_timeout = _positive(file.scrape_timeout_seconds,
                                           f"{source}: scrape_timeout_seconds")
@@ -238,11 +230,8 @@ def add_node_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def apply_flags(config: NodeConfig, args: argparse.Namespace) -> None:
-    """Flags replace the file's values. The agent's web and log flags are absent
-    from ``node check``'s parser, which serves nothing and logs nothing."""
-    for attr in ("listen_address", "web_config_file", "log_level", "log_format"):
-        if getattr(args, attr, None) is not None:
-            setattr(config, attr, getattr(args, attr))
+    """Flags replace the file's values."""
+    config.daemon.apply_flags(args)
     if args.disk or args.disk_mount:
         config.disks = [parse_disk(s) for s in args.disk]
         config.disks += [parse_disk(s, mount_point=True) for s in args.disk_mount]

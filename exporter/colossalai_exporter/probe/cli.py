@@ -5,10 +5,9 @@ from __future__ import annotations
 import logging
 
 from colossalai_exporter.flags import ArgumentParser, add_common_flags
-from colossalai_exporter.logs import setup_logging
 from colossalai_exporter.probe.config import DEFAULT_PORT, load_config
 from colossalai_exporter.probe.server import Prober, build_app
-from colossalai_exporter.web import App, load_web_config, serve, stop_on_signals
+from colossalai_exporter.web import App, serve, stop_on_signals
 from colossalai_exporter.web.auth import BasicAuthenticator
 
 log = logging.getLogger("colossalai_exporter.probe")
@@ -27,14 +26,15 @@ def main(argv: list[str]) -> int:
     if args.max_concurrent is not None and args.max_concurrent < 1:
         parser.error("--probe.max-concurrent must be at least 1")
     config = load_config(args)
-    setup_logging(config.log_level, config.log_format)
-    web_config = load_web_config(config.web_config_file)
+    config.daemon.start_logging()
+    web_config = config.daemon.web_config()
     prober = Prober(config)
     app = App(authenticator=BasicAuthenticator(web_config.basic_auth_users),
               extra_headers=web_config.headers, max_body_bytes=0)
     stop = stop_on_signals()
     try:
-        handle = serve(build_app(prober, app), config.listen_address, web_config, name="probe")
+        handle = serve(build_app(prober, app), config.daemon.listen_address, web_config,
+                       name="probe")
         log.info("modules loaded", extra={"modules": ",".join(sorted(config.modules))})
         handle.wait(stop)
     finally:

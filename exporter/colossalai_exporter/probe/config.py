@@ -42,14 +42,14 @@ import msgspec
 from colossalai_exporter import configfile
 from colossalai_exporter.configfile import (
     ConfigPath,
-    LogSection,
+    DaemonFile,
     NonEmpty,
     Seconds,
     Section,
     TLSClient,
-    WebSection,
     secret_from_file,
 )
+from colossalai_exporter.daemon import DaemonSettings
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.flags import load_yaml_file
 from colossalai_exporter.probe.stream import StreamFormat
@@ -167,10 +167,7 @@ BUILTIN_MODULES: dict[str, Module] = {
 
 @dataclass
 class ProbeConfig:
-    listen_address: str = f":{DEFAULT_PORT}"
-    web_config_file: str | None = None
-    log_level: str = "info"
-    log_format: str = "logfmt"
+    daemon: DaemonSettings = field(default_factory=lambda: DaemonSettings.on_port(DEFAULT_PORT))
     timeout_offset: float = 0.5
     max_concurrent: int = 32
     allow: AllowList = field(default_factory=AllowList)
@@ -227,9 +224,7 @@ class AllowSection(Section, frozen=True):
     ports: list[Annotated[int, msgspec.Meta(ge=1, le=65535)]] = msgspec.field(default_factory=list)
 
 
-class ProbeFile(Section, frozen=True):
-    web: WebSection = WebSection()
-    log: LogSection = LogSection()
+class ProbeFile(DaemonFile, frozen=True):
     timeout_offset_seconds: Seconds | None = None
     max_concurrent: Annotated[int, msgspec.Meta(ge=1)] | None = None
     allow: AllowSection = AllowSection()
@@ -347,10 +342,7 @@ def apply_file(config: ProbeConfig, data: Any, source: Path) -> None:
     where = str(source)
     file = configfile.convert(data if data is not None else {}, ProbeFile, where,
                               source.parent.absolute())
-    config.listen_address = file.web.listen_address or config.listen_address
-    config.web_config_file = file.web.config_file or config.web_config_file
-    config.log_level = file.log.level or config.log_level
-    config.log_format = file.log.format or config.log_format
+    config.daemon.apply_file(file.web, file.log)
     if file.timeout_offset_seconds is not None:
         config.timeout_offset = float(file.timeout_offset_seconds)
     if file.max_concurrent is not None:
@@ -368,14 +360,7 @@ def load_config(args: argparse.Namespace) -> ProbeConfig:
     if args.config_file:
         path = Path(args.config_file)
         apply_file(config, load_yaml_file(path), path)
-    if args.listen_address:
-        config.listen_address = args.listen_address
-    if args.web_config_file:
-        config.web_config_file = args.web_config_file
-    if args.log_level:
-        config.log_level = args.log_level
-    if args.log_format:
-        config.log_format = args.log_format
+    config.daemon.apply_flags(args)
     if getattr(args, "max_concurrent", None):
         config.max_concurrent = args.max_concurrent
     return config
