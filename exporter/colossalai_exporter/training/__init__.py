@@ -9,8 +9,9 @@ the agent imports instead of this package.
 from __future__ import annotations
 
 from colossalai_exporter.training.device_loss import loss_value
-from colossalai_exporter.training.monitor import Step, TrainingMonitor
+from colossalai_exporter.training.monitor import TrainingMonitor
 from colossalai_exporter.training.oom import classify_oom
 from colossalai_exporter.training.state import Budgets
+from colossalai_exporter.training.steps import Step
 
 __all__ = ["Budgets", "Step", "TrainingMonitor", "classify_oom", "loss_value"]

@@ -6,12 +6,12 @@
 ...         loss = train_step(batch)
 ...         step.loss = loss
 
-Hot path guarantees (measured in bench/training_overhead.py): finishing a
-step reads two clocks (vDSO, no system call) and assigns plain attributes of
-:class:`~colossalai_exporter.training.state.RankState`. No lock, no I/O, no
-queue, no CUDA synchronisation, no collective. A loss tensor is only
-referenced there; the publisher thread copies it to the host without waiting
-for the device (:mod:`.device_loss`).
+The monitor is the facade; each job is a module of its own: the options
+(settings.py), step accounting, the only code a step runs (steps.py: two clock
+reads and plain attribute writes, no lock, I/O, GPU sync or collective), phases
+and the blocks that set them (phases.py), when a snapshot is published
+(publisher.py), stall evidence (evidence.py), heartbeats, the rank server, and
+the ColossalAI hooks (colossal.py).
 """
 
 from __future__ import annotations
@@ -22,33 +22,31 @@ import os
 import sys
 import threading
 import time
-from bisect import bisect_left
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.rankstate import files as snapfiles
-from colossalai_exporter.rankstate.schema import PHASES, WAITING, Device, Interruption, Snapshot
+from colossalai_exporter.rankstate.schema import WAITING, Device, Interruption, Snapshot
 from colossalai_exporter.training import activity, flight_recorder
 from colossalai_exporter.training import fatal as _fatal_hook
 from colossalai_exporter.training.device_loss import DeviceLossReader
-from colossalai_exporter.training.errors import error_record, space_note
+from colossalai_exporter.training.errors import error_record
 from colossalai_exporter.training.evidence import StallEvidence
 from colossalai_exporter.training.heartbeat import HeartbeatSender
 from colossalai_exporter.training.oom import classify_oom
+from colossalai_exporter.training.phases import Phases
 from colossalai_exporter.training.publisher import Publisher
-from colossalai_exporter.training.settings import (
-    MonitorSettings,
-)
+from colossalai_exporter.training.settings import MonitorSettings
 from colossalai_exporter.training.signals import SignalRecorder
-from colossalai_exporter.training.state import RECENT_STEPS, STEP_BUCKETS, Budgets, RankState
+from colossalai_exporter.training.state import Budgets, RankState
+from colossalai_exporter.training.steps import Step, StepCounter
 
 log = logging.getLogger("colossalai_exporter.training")
 
-_RING_MASK = RECENT_STEPS - 1
-_perf = time.perf_counter
 _wall = time.time
 
 
@@ -60,45 +58,6 @@ def _process_start(pid: int) -> float | None:
         return float(psutil.Process(pid).create_time())
     except Exception:
         return None
-
-
-class Step:
-    """One monitored step: ``with monitor.step() as step: … step.loss = loss``.
-
-    Set ``loss`` (a float or a tensor), and ``samples`` / ``tokens`` if not
-    given to :meth:`TrainingMonitor.step`. An exception leaving the block is
-    classified (out-of-memory by device), counted and re-raised unchanged; the
-    step is then not counted as completed.
-    """
-
-    __slots__ = ("_busy", "_monitor", "_t0", "loss", "samples", "tokens")
-
-    def __init__(self, monitor: TrainingMonitor) -> None:
-        self._monitor = monitor
-        self._busy = False
-        self._t0 = 0.0
-        self.loss: Any = None
-        self.samples = 0
-        self.tokens = 0
-
-    def __enter__(self) -> Step:
-        monitor = self._monitor
-        if monitor._state.phase != "training":
-            monitor._enter_training()
-        self._busy = True
-        self._t0 = _perf()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> Literal[False]:
-        duration = _perf() - self._t0
-        monitor = self._monitor
-        self._busy = False
-        if exc is None:
-            monitor._completed(duration, self.samples, self.tokens, self.loss)
-        else:
-            monitor._step_raised(exc)
-        return False  # never swallow the training loop's exception
 
 
 class TrainingMonitor:
@@ -189,17 +148,11 @@ class TrainingMonitor:
         self._state = RankState(self.rank, self.local_rank, self.world_size, pid,
                                 _process_start(pid), pid_ns=snapfiles.pid_namespace())
         self._loss_reader = DeviceLossReader(synchronous=settings.loss_from_device)
-        self._loss_ref: Any = None
         self._last_loss_ref: Any = None
         self._signals = SignalRecorder(self._interrupted) if settings.record_signals else None
-        self._kernel_depth = 0  # nested kernels() blocks (a loader that loads another)
-        self._checkpoint_path: str | os.PathLike[str] | None = None
-        self._step = Step(self)  # reused: no allocation per step
         self._publisher = Publisher(self._publish, settings.publish_interval)
-        self._last_done: float | None = None  # perf_counter of the last step_done()
-        # The training phase's stall budget, as the last snapshot computed it: a step's
-        # productive seconds stop there (one comparison on the hot path).
-        self._step_cap = float("inf")
+        self._steps = StepCounter(self._state, start_training=lambda: self.phase("training"),
+                                  raised=self._step_raised)
         self._reported: set[str] = set()
         self._was_stalled = False
         # The thread that trains: the main thread, as in every launcher's script
@@ -214,6 +167,9 @@ class TrainingMonitor:
             self._state, settings.step_heartbeat_url, settings.checkpoint_heartbeat_url,
             every=settings.heartbeat_every, timeout=settings.heartbeat_timeout,
             on_error=self._error)
+        self._phases = Phases(self._state, self._publisher,
+                              record_exception=self._record_exception, error=self._error,
+                              checkpoint_done=self._heartbeats.checkpoint_done)
         self._info_defaults()
         if start:
             self.start()
@@ -308,14 +264,8 @@ class TrainingMonitor:
 
     # ------------------------------------------------------------------ hot path
     def step(self, samples: int = 0, tokens: int = 0) -> Step:
-        """A context manager timing one step; see :class:`Step`."""
-        step = self._step
-        if step._busy:  # a step inside a step: give it its own object
-            step = Step(self)
-        step.loss = None
-        step.samples = samples
-        step.tokens = tokens
-        return step
+        """A context manager timing one step; see :class:`~.steps.Step`."""
+        return self._steps.step(samples, tokens)
 
     def step_done(self, duration: float | None = None, *, samples: int = 0, tokens: int = 0,
                   loss: Any = None) -> None:
@@ -324,66 +274,14 @@ class TrainingMonitor:
         Without ``duration``, the step lasted since the previous ``step_done()``
         (or since training started, for the first).
         """
-        now = _perf()
-        state = self._state
-        if state.phase != "training":
-            self._enter_training()
-        if duration is None:
-            last = self._last_done
-            duration = now - (last if last is not None else now)
-        self._last_done = now
-        self._completed(duration, samples, tokens, loss)
-
-    def _completed(self, duration: float, samples: int, tokens: int, loss: Any) -> None:
-        state = self._state
-        steps = state.steps + 1
-        state.recent[steps & _RING_MASK] = duration
-        state.hist[bisect_left(STEP_BUCKETS, duration)] += 1
-        state.duration_sum += duration
-        cap = self._step_cap
-        state.productive += duration if duration < cap else cap
-        if samples:
-            state.samples += samples
-        if tokens:
-            state.tokens += tokens
-        if loss is not None:
-            self._loss_ref = loss
-        state.last_step = _wall()
-        state.steps = steps  # last: a reader that sees the step sees its duration
+        self._steps.step_done(duration, samples, tokens, loss)
 
     # ------------------------------------------------------------------ phases
-    def _enter_training(self) -> None:
-        # The first step means the kernels the run needs are loaded (they build
-        # lazily on first use otherwise, and the step's own budget covers that).
-        self._state.kernels_ready = True
-        if self._last_done is None:
-            self._last_done = _perf()
-        self.phase("training")
-
     def phase(self, name: str) -> None:
         """Enter phase ``name`` (init, kernels, training, checkpointing, evaluating …)."""
-        if name not in PHASES:
-            self._error("hook", f"unknown phase {name!r} (phases: {', '.join(PHASES)})")
-            return
-        state = self._state
-        if state.phase in ("finished", "failed") and name not in ("finished", "failed"):
-            return  # the run's outcome is final
-        if name == "kernels":
-            state.kernels_ready = False
-        state.phase_start = _wall()
-        state.phase = name
-        # Every phase change is written by the thread making it, before it goes on: a
-        # process that freezes holding the GIL right after (torch.save opening a file on
-        # a hung mount, the first step after a checkpoint hung in a C call) never lets
-        # the publisher thread run again, and the rules read the phase from the last
-        # snapshot. Phase changes are rare (the first step, checkpoints, evaluations,
-        # kernel builds: minutes apart), so the ~50 us write to the run directory costs
-        # nothing a step would notice; steps never publish.
-        if self._publisher.started:
-            self._publisher.publish_now()
+        self._phases.enter(name)
 
-    @contextlib.contextmanager
-    def kernels(self) -> Iterator[None]:
+    def kernels(self) -> AbstractContextManager[None]:
         """Phase "kernels" around loading or JIT-building kernels, with its own budget.
 
         ColossalAI's ``KernelLoader.load`` is watched this way by itself once
@@ -394,48 +292,20 @@ class TrainingMonitor:
         caller may fall back to another implementation); if nothing catches
         it, the run fails with it. Nested blocks count once.
         """
-        state = self._state
-        self._kernel_depth += 1
-        outer = self._kernel_depth == 1
-        previous, was_ready = state.phase, state.kernels_ready
-        if outer:
-            self.phase("kernels")
-        try:
-            yield
-        except BaseException as exc:
-            if outer:
-                state.kernel_failures += 1
-                state.kernels_ready = was_ready
-                self.phase(previous if previous != "kernels" else "init")
-                self._record_exception(exc, "kernels")
-            raise
-        else:
-            if outer:
-                state.kernels_ready = True
-                self.phase(previous if previous != "kernels" else "init")
-        finally:
-            self._kernel_depth -= 1
+        return self._phases.kernels()
 
     def kernels_ready(self, ready: bool = True) -> None:
         """Declare the run's kernels loaded (or not); /health needs them ready."""
         self._state.kernels_ready = ready
         self._publisher.wake()
 
-    @contextlib.contextmanager
-    def evaluation(self) -> Iterator[None]:
+    def evaluation(self) -> AbstractContextManager[None]:
         """Phase "evaluating" for the block, then back to training."""
-        self.phase("evaluating")
-        try:
-            yield
-        except BaseException as exc:
-            self._record_exception(exc, "evaluation")
-            raise
-        finally:
-            self.phase("training")
+        return self._phases.evaluation()
 
-    @contextlib.contextmanager
     def checkpoint(self, step: int | None = None,
-                   path: str | os.PathLike[str] | None = None) -> Iterator[None]:
+                   path: str | os.PathLike[str] | None = None
+                   ) -> AbstractContextManager[None]:
         """Phase "checkpointing" for the block; success records time, step and duration.
 
         Nested use (a watched booster's save inside this block) counts once.
@@ -444,50 +314,15 @@ class TrainingMonitor:
         reports a full disk as "[enforce fail at inline_container.cc:672] .
         unexpected pos 832 vs 726", with no errno left to read.
         """
-        state = self._state
-        if state.checkpointing:
-            if path is not None:
-                self._checkpoint_path = path
-            yield
-            return
-        previous = state.phase
-        state.checkpointing = True
-        self._checkpoint_path = path
-        self.phase("checkpointing")
-        started = _perf()
-        kept = state.productive  # the steps this checkpoint saves
-        try:
-            yield
-        except BaseException as exc:
-            state.checkpoint_failures += 1
-            note = space_note(self._checkpoint_path)
-            self._record_exception(exc, "checkpoint", note=note)
-            raise
-        else:
-            state.checkpoint_duration = _perf() - started
-            state.checkpoint_last_step = state.steps if step is None else step
-            state.checkpoint_last_success = _wall()
-            state.checkpointed = max(state.checkpointed, kept)
-            self._heartbeats.checkpoint_done()
-        finally:
-            state.checkpointing = False
-            self.phase(previous if previous != "checkpointing" else "training")
+        return self._phases.checkpoint(step, path)
 
     def finish(self) -> None:
         """The run completed: phase "finished" (its snapshot says so to the node agent)."""
-        self.phase("finished")
-        self._publisher.publish()
+        self._phases.finish()
 
     def fail(self, exc: BaseException | str | None = None) -> None:
         """The run failed: phase "failed" with the reason; OOMs in ``exc`` are counted."""
-        if isinstance(exc, BaseException):
-            self._record_exception(exc, "run", publish=False)
-            reason = f"{type(exc).__name__}: {exc}"
-        else:
-            reason = exc or "failed"
-        self._state.error = reason[:500]
-        self.phase("failed")
-        self._publisher.publish()
+        self._phases.fail(exc)
 
     def _interrupted(self, name: str) -> None:
         """SIGTERM or SIGINT arrived (training/signals.py): say so before it ends the rank."""
@@ -617,7 +452,7 @@ class TrainingMonitor:
 
     def _refresh(self) -> None:
         state = self._state
-        ref = self._loss_ref
+        ref = self._steps.loss_ref
         if ref is not None and ref is not self._last_loss_ref:
             self._last_loss_ref = ref
             try:
@@ -678,7 +513,7 @@ class TrainingMonitor:
         both are built (a scrape of rank 0's server and the publisher alike)."""
         snap = self._state.snapshot(self.budgets)
         if snap.phase == "training":
-            self._step_cap = snap.timeout
+            self._steps.cap = snap.timeout
         self._sample_activity(snap)
         # A stall is counted when first seen, by whichever looks first (the publisher
         # records it in the state when it writes the evidence, below).
