@@ -15,11 +15,11 @@ import pytest
 import yaml
 
 from colossalai_exporter.rulesgen.rules import (
-    ALERT_NAMES,
     CAUSE_ALERTS,
     CONSEQUENCE_ALERTS,
     GENERAL_CAUSE_ALERTS,
     SPECIFIC_CAUSE_ALERTS,
+    alert_names,
 )
 from conftest import REPO, http_get, require_binary, wait_until
 from fake_vigilmon import fake_vigilmon
@@ -123,7 +123,7 @@ def test_cause_alerts_inhibit_their_runs_consequences_as_the_rules_define_them()
         "source_matchers": [f'alertname=~"{"|".join(CAUSE_ALERTS)}"'],
         "target_matchers": [f'alertname=~"{"|".join(CONSEQUENCE_ALERTS)}"'],
         "equal": ["run"]}
-    assert set(CAUSE_ALERTS) | set(CONSEQUENCE_ALERTS) <= set(ALERT_NAMES)
+    assert set(CAUSE_ALERTS) | set(CONSEQUENCE_ALERTS) <= alert_names()
     assert _config()["inhibit_rules"][2] == {
         "source_matchers": [f'alertname=~"{"|".join(SPECIFIC_CAUSE_ALERTS)}"'],
         "target_matchers": [f'alertname=~"{"|".join(GENERAL_CAUSE_ALERTS)}"'],
@@ -137,7 +137,7 @@ def test_a_chat_servers_failure_mutes_its_symptoms() -> None:
         "source_matchers": [f'alertname=~"{"|".join(CHAT_CAUSE_ALERTS)}"'],
         "target_matchers": [f'alertname=~"{"|".join(CHAT_SYMPTOM_ALERTS)}"'],
         "equal": ["job", "instance"]} in _config()["inhibit_rules"]
-    assert set(CHAT_CAUSE_ALERTS) | set(CHAT_SYMPTOM_ALERTS) <= set(ALERT_NAMES)
+    assert set(CHAT_CAUSE_ALERTS) | set(CHAT_SYMPTOM_ALERTS) <= alert_names()
 
 
 STALLED = {

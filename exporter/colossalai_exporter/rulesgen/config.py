@@ -13,6 +13,7 @@ the dotted key.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -174,7 +175,7 @@ def _check_override_keys(base: Mapping[str, Any], override: Mapping[str, Any],
             _check_override_keys(base[key], value, dotted)
 
 
-def from_mapping(data: Mapping[str, Any], alerts: set[str] | None = None) -> RulesConfig:
+def from_mapping(data: Mapping[str, Any], alerts: AbstractSet[str] | None = None) -> RulesConfig:
     """Validate a complete config mapping; ``alerts`` are the names ``for`` must cover."""
     config = configfile.convert(data, RulesConfig)
     if "{anchor}" not in config.runbook_url and "{alertname}" not in config.runbook_url:
@@ -200,7 +201,7 @@ def from_mapping(data: Mapping[str, Any], alerts: set[str] | None = None) -> Rul
 
 
 def load(path: Path, overrides: list[Path] | None = None,
-         alerts: set[str] | None = None) -> RulesConfig:
+         alerts: AbstractSet[str] | None = None) -> RulesConfig:
     """Read ``path``, merge each override file over it, validate.
 
     Each error names the file that caused it: the base when it is invalid on

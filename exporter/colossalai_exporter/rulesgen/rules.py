@@ -5,18 +5,23 @@ families in training_*.py), node.py (with gpu.py), chat.py, engines.py (optional
 the inference servers' own queues) and pipeline.py;
 shared selectors and helpers are in common.py. This module puts the files in the
 order they are written and lists the alerts: every name (the keys ``for`` must
-have), and which are causes and which consequences, by which
+have, read from what the shipped config builds), and which are causes and which
+consequences, by which
 deploy/alertmanager/alertmanager.yml mutes one under the other. It also
 re-exports the recording rules' names the dashboards and tests read.
 """
 
 from __future__ import annotations
 
+import functools
+
+from colossalai_exporter import checkout
+from colossalai_exporter.rulesgen import config as rules_config
 from colossalai_exporter.rulesgen.chat import chat
 from colossalai_exporter.rulesgen.common import INFO
 from colossalai_exporter.rulesgen.config import RulesConfig
 from colossalai_exporter.rulesgen.engines import engines
-from colossalai_exporter.rulesgen.model import RuleFile
+from colossalai_exporter.rulesgen.model import Alert, RuleFile
 from colossalai_exporter.rulesgen.node import GPU_MEM_MAX, HOST_MEM_AVAIL, node
 from colossalai_exporter.rulesgen.pipeline import pipeline
 from colossalai_exporter.rulesgen.training import training
@@ -36,29 +41,13 @@ from colossalai_exporter.rulesgen.training_pace import (
 )
 
 __all__ = [
-    "ALERT_NAMES", "CAUSE_ALERTS", "CONSEQUENCE_ALERTS", "GENERAL_CAUSE_ALERTS",
+    "CAUSE_ALERTS", "CONSEQUENCE_ALERTS", "GENERAL_CAUSE_ALERTS",
     "GOODPUT_WINDOWS", "GPU_MEM_MAX", "HOST_MEM_AVAIL", "INFO", "SPECIFIC_CAUSE_ALERTS",
     "STEP_MEAN", "STEP_RATE", "STEP_RATE_MEDIAN", "STEP_RATE_RATIO", "WAIT_SHARE",
     "WAIT_SHARE_MEDIAN", "alert_names", "build", "checkpointed_increase", "goodput_ratio",
     "kept_seconds",
 ]
 
-ALERT_NAMES = (
-    "TrainingStalled", "TrainingHangSuspect", "TrainingStartupStuck", "CheckpointStuck",
-    "CheckpointOverdue", "TrainingRestartLoop", "TrainingRankDown", "TrainingRankOOMKilled",
-    "TrainingNodeLost", "TrainingStraggler",
-    "GeminiOutOfMemory",
-    "CheckpointFailing", "KernelBuildFailed", "KernelsNotReady",
-    "TrainingHeartbeatFailing", "GPUMemoryOOMRisk", "HostMemoryOOMRisk", "CheckpointDiskLow",
-    "DiskPathBroken", "NCCLRendezvousDown", "GPUCollectorDown", "GPUXidCritical",
-    "GPUXidWarning", "GPUXidRecurring", "GPURecoveryActionRequired", "GPURowRemapFailure",
-    "GPURowRemapPending", "GPURetiredPagesHigh", "GPUPCIeReplaysHigh", "GPUClockSlowdown",
-    "ChatServerDown",
-    "ChatEngineError", "ChatGeneratingNothing", "ChatLatencyHigh", "ChatTimeToFirstTokenHigh",
-    "ChatStreamsUnreliable", "InferenceAdmissionStalled", "InferenceQueueTimeHigh",
-    "ExporterDown", "BridgeDeliveryFailing",
-    "BridgeQueueBacklog", "Watchdog",
-)
 # The alerts that name the cause of a failure. In deploy/alertmanager/alertmanager.yml
 # each mutes, for its run, the alerts that follow from it (docs/rules.md, "One incident,
 # one page").
@@ -81,6 +70,11 @@ def build(config: RulesConfig) -> tuple[RuleFile, ...]:
     return (training(config), node(config), chat(config), engines(config), pipeline(config))
 
 
-def alert_names() -> set[str]:
-    """Names of every alert (the keys ``for`` must have)."""
-    return set(ALERT_NAMES)
+@functools.cache
+def alert_names() -> frozenset[str]:
+    """Names of every alert (the keys ``for`` must have in a rules config): the alerting
+    rules the shipped rules/config.yml builds. A new alert in a family module is all it
+    takes, with its ``for`` in rules/config.yml (without it, building names the key)."""
+    shipped = rules_config.load(checkout.rules_config())
+    return frozenset(rule.name for file in build(shipped) for group in file.groups
+                     for rule in group.rules if isinstance(rule, Alert))
