@@ -128,6 +128,13 @@ def test_every_alert_has_a_runbook_section_and_its_url() -> None:
             assert url.endswith("docs/runbooks.md#" + rule["alert"].lower())
 
 
+def test_docs_rules_md_has_a_row_for_every_alert() -> None:
+    text = (REPO / "docs" / "rules.md").read_text()
+    table = text.split("\n## Alerts\n", 1)[1].split("\n## ", 1)[0]
+    rows = set(re.findall(r"^\| (\w+) \|", table, re.MULTILINE)) - {"alert"}
+    assert rows == rules.alert_names()
+
+
 def test_annotations_follow_the_conventions() -> None:
     for rule in _rules():
         if "alert" not in rule:
