@@ -130,6 +130,16 @@ def test_cause_alerts_inhibit_their_runs_consequences_as_the_rules_define_them()
         "equal": ["run"]}
 
 
+def test_a_gpu_that_needs_action_mutes_its_own_warnings() -> None:
+    from colossalai_exporter.rulesgen.gpu import GPU_CAUSE_ALERTS, GPU_WARNING_ALERTS
+
+    assert {
+        "source_matchers": [f'alertname=~"{"|".join(GPU_CAUSE_ALERTS)}"'],
+        "target_matchers": [f'alertname=~"{"|".join(GPU_WARNING_ALERTS)}"'],
+        "equal": ["job", "instance", "gpu"]} in _config()["inhibit_rules"]
+    assert set(GPU_CAUSE_ALERTS) | set(GPU_WARNING_ALERTS) <= alert_names()
+
+
 def test_a_chat_servers_failure_mutes_its_symptoms() -> None:
     from colossalai_exporter.rulesgen.chat import CHAT_CAUSE_ALERTS, CHAT_SYMPTOM_ALERTS
 
@@ -281,6 +291,42 @@ def test_real_alertmanager_inhibits_warning_of_same_alert_and_job(tmp_path: Path
         seen: list[dict[tuple[str, str], str] | None] = []
         wait_until(lambda: seen.append(states()) or seen[-1] == expected, timeout=10,
                    what="the warning to be inhibited")
+        assert seen[-1] == expected
+
+
+def test_real_alertmanager_mutes_a_gpus_warnings_under_its_own_action(tmp_path: Path) -> None:
+    """NVML asks GPU 1 of node-a for a reset: GPU 1's pending row remap is muted, not
+    GPU 2's, nor GPU 1's of another node."""
+    with running_alertmanager(CONFIG, tmp_path) as url:
+        def alert(name: str, severity: str, instance: str, gpu: str) -> dict[str, Any]:
+            return {"labels": {"alertname": name, "severity": severity, "gpu": gpu,
+                               "job": "colossalai-node", "instance": instance},
+                    "annotations": {"summary": "s", "description": "d"}}
+
+        body = json.dumps([alert("GPURecoveryActionRequired", "critical", "node-a:9466", "1"),
+                           alert("GPURowRemapPending", "warning", "node-a:9466", "1"),
+                           alert("GPURowRemapPending", "warning", "node-a:9466", "2"),
+                           alert("GPURowRemapPending", "warning", "node-b:9466", "1")]).encode()
+        request = urllib.request.Request(url + "/api/v2/alerts", data=body, method="POST",
+                                         headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.status == 200
+
+        def states() -> dict[tuple[str, str, str], str] | None:
+            alerts = json.loads(http_get(url + "/api/v2/alerts", timeout=2)[2])
+            got = {(a["labels"]["alertname"], a["labels"]["instance"], a["labels"]["gpu"]):
+                   a["status"]["state"] for a in alerts}
+            return got if len(got) == 4 and "unprocessed" not in got.values() else None
+
+        expected = {
+            ("GPURecoveryActionRequired", "node-a:9466", "1"): "active",
+            ("GPURowRemapPending", "node-a:9466", "1"): "suppressed",
+            ("GPURowRemapPending", "node-a:9466", "2"): "active",
+            ("GPURowRemapPending", "node-b:9466", "1"): "active",
+        }
+        seen: list[dict[tuple[str, str, str], str] | None] = []
+        wait_until(lambda: seen.append(states()) or seen[-1] == expected, timeout=10,
+                   what="GPU 1's warning to be inhibited")
         assert seen[-1] == expected
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from colossalai_exporter.node.gpu import xid
 from colossalai_exporter.rulesgen.common import INFO, nodes_dashboard, recent_events, with_run
-from colossalai_exporter.rulesgen.config import RulesConfig, Thresholds
+from colossalai_exporter.rulesgen.config import Duration, RulesConfig, Thresholds
 from colossalai_exporter.rulesgen.model import Alert
 from colossalai_exporter.rulesgen.promql import (
     Selector,
@@ -31,6 +31,17 @@ from colossalai_exporter.rulesgen.promql import (
 )
 
 XID_EVENTS = "colossalai_gpu_xid_events_total"
+# One GPU, one page (deploy/alertmanager/alertmanager.yml): a GPU that needs action
+# before it runs a job again mutes its own warnings, which that action covers.
+GPU_CAUSE_ALERTS = ("GPUXidCritical", "GPURecoveryActionRequired", "GPURowRemapFailure")
+GPU_WARNING_ALERTS = ("GPUXidWarning", "GPUXidRecurring", "GPURowRemapPending",
+                      "GPURetiredPagesHigh")
+# "GPU recovery action changed" (driver 570 and later): its action is "read the GPU's
+# recovery action and do what it says". Where the agent reads that action
+# (colossalai_gpu_recovery_action_info), GPURecoveryActionRequired says it, with
+# the ranks: the Xid would be a second page for the same thing, so it tells only
+# where the action cannot be read.
+RECOVERY_ACTION_XID = "154"
 
 
 def tier_is(*tiers: str) -> str:
@@ -65,6 +76,19 @@ def xid_ranks() -> str:
             "{{ end }}")
 
 
+def xid_warnings(node_agents: Selector, window: Duration) -> str:
+    """Warning-tier (and unknown) Xids within ``window``; the recovery-action Xid only
+    on a GPU whose recovery action the agent cannot read."""
+    warning = tier_is("warning", "unknown")
+    others = recent_events(node_agents(XID_EVENTS, warning,
+                                       label_is_not("xid", RECOVERY_ACTION_XID)), window)
+    recovery = recent_events(node_agents(XID_EVENTS, warning,
+                                         label_is("xid", RECOVERY_ACTION_XID)), window)
+    readable = node_agents("colossalai_gpu_recovery_action_info")
+    return (f"(\n{others}\n)\nor\n(\n(\n{recovery}\n)\n"
+            f"unless on (job, instance, gpu) {readable}\n)")
+
+
 def gpu_xids(node_agents: Selector, thresholds: Thresholds) -> tuple[Alert, ...]:
     """Xid events by the catalog's tier: critical pages, naming the GPU, what the code
     means, what to do and the ranks of the run on that node (it mutes their deaths,
@@ -83,8 +107,7 @@ def gpu_xids(node_agents: Selector, thresholds: Thresholds) -> tuple[Alert, ...]
             nodes_dashboard()),
         Alert(
             "GPUXidWarning",
-            recent_events(node_agents(XID_EVENTS, tier_is("warning", "unknown")),
-                          thresholds.gpu_xid_window),
+            xid_warnings(node_agents, thresholds.gpu_xid_window),
             "warning", "A GPU reported an Xid error to act on at the next drain.",
             fill("GPU [[$gpu]] on [[$instance]]: Xid [[$xid]], [[$what]] — [[action]].",
                  action=xid_action_words()),
