@@ -120,6 +120,14 @@ CASES = [
          ("GPU 1 on 127.0.0.1:", "Xid 79, GPU has fallen off the bus — drain the node and "
           "reboot it", "Ranks on this GPU: 1."),
          muted=("TrainingRankDown",), gpus=2),
+    Case("gpu-recovery-reset", "NVML asks for a reset of rank 1's GPU (its recovery action "
+         "field with Xid 154, fake NVML), and rank 1 then hangs in the driver (SIGSTOP) "
+         "while rank 0 waits in backward's all-reduce", "gpu_reset", 1,
+         ("GPURecoveryActionRequired",),
+         {"gpu": "1", "action": "gpu_reset", "instance": "<node 0's agent>"},
+         ("GPU 1 on 127.0.0.1:", "NVML asks for gpu_reset — reset the GPU (nvidia-smi -r",
+          "Ranks on this GPU: 1."),
+         muted=("TrainingHangSuspect", "TrainingStalled"), gpus=2),
     Case("own-error", "rank 1 raises an error of its own and exits 1 while rank 0 waits in "
          "backward's all-reduce", "own_error", 1, ("TrainingRankDown",),
          {"rank": "1", "cause": "process"},
@@ -252,6 +260,26 @@ def inject(stack: Stack, case: Case, cgroup: Path | None) -> float:
         stack.gpus.update(gpus=[gpu(0, processes=[pids[0]]), gpu(1, lost=True)],
                           xid=[{"id": 1, "gpu": 1, "code": 79}])
         os.kill(stack.job_of(case.rank).pid(case.rank), signal.SIGKILL)
+        return at
+    if case.fault == "gpu_reset":
+        # The driver sets the GPU's recovery action and logs Xid 154 when a GPU needs a
+        # reset (after an uncontained error, a GSP timeout); the rank's next CUDA call
+        # on it then never returns. The hang is seen after the rank's step budget, much
+        # later than the agent's next scrape: the case waits for the agent's alert to
+        # reach Alertmanager before freezing the rank, so the order is not left to chance.
+        assert stack.gpus is not None
+        pids = [stack.job_of(rank).pid(rank) for rank in range(stack.ranks)]
+        stack.gpus.update(gpus=[gpu(i, processes=[pid]) for i, pid in enumerate(pids)])
+        wait_until(lambda: stack.prometheus.query(
+            f'colossalai_gpu_rank_info{{gpu="{case.rank}",rank="{case.rank}"}}'),
+            timeout=60, interval=0.2, what="the ranks seen on their GPUs")
+        at = now()
+        stack.gpus.update(gpus=[gpu(0, processes=[pids[0]]),
+                                gpu(1, processes=[pids[1]], recovery_action=1)],
+                          xid=[{"id": 1, "gpu": 1, "code": 154}])
+        wait_until(lambda: stack.alertmanager_states("GPURecoveryActionRequired"),
+                   timeout=60, interval=0.2, what="the recovery action in Alertmanager")
+        os.kill(pids[case.rank], signal.SIGSTOP)
         return at
     if case.fault == "finish":
         # Every rank ends at the same step, as a real loop's end makes them.
