@@ -156,3 +156,10 @@ def test_no_rule_reads_an_in_process_only_series_from_the_node_agent() -> None:
     assert uses, "expected the step-duration recording rule to read the rank servers"
     for use in uses:
         assert 'job="colossalai-training"' in use.group(2), use.group(0)
+
+
+def test_every_clock_slowdown_reason_the_agent_exports_has_words_in_the_straggler_page() -> None:
+    from colossalai_exporter.node.gpu.health import SLOWDOWN_REASONS
+    from colossalai_exporter.rulesgen.gpu import SLOWDOWN_WORDS
+
+    assert set(SLOWDOWN_WORDS) == set(SLOWDOWN_REASONS)

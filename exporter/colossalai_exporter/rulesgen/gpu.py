@@ -143,6 +143,33 @@ def recovery_action_words() -> str:
     return chain + "{{ else }}see NVIDIA's documentation of this recovery action{{ end }}"
 
 
+#: the clock event reasons the agent exports (node/gpu/health.SLOWDOWN_REASONS), in words
+SLOWDOWN_WORDS = {
+    "hw_slowdown": "hardware slowdown (HW_SLOWDOWN: the board's thermal or power limit)",
+    "sw_thermal_slowdown": "thermal slowdown (the driver's temperature limit)",
+    "hw_thermal_slowdown": "hardware thermal slowdown",
+    "hw_power_brake_slowdown": "power brake slowdown (the power supply asserted it)",
+}
+
+
+def rank_gpu_slowdowns(by_run: bool) -> str:
+    """Template text: " Its GPU 5 on node-7:9466 is in thermal slowdown (…)." for each
+    slowdown active now on a GPU the alert's rank ran on (NVML's processes matched to the
+    rank's pid, colossalai_gpu_rank_info); nothing when there is none. ``by_run``: the
+    alert has a ``run`` label, which picks the rank's node when several runs share ranks'
+    numbers; without it, every node where a rank of that number runs is looked at."""
+    run = ', run="%s"' if by_run else ""
+    promql = ("colossalai_gpu_clock_slowdown_active == 1 "
+              'and on (job, instance, gpu) colossalai_gpu_rank_info{rank="%s"} '
+              f'and on (job, instance) {INFO}{{rank="%s"{run}}}')
+    args = "$labels.rank $labels.rank" + (" $labels.run" if by_run else "")
+    words = "".join(f'{{{{ {"if" if i == 0 else "else if"} eq .Labels.reason "{key}" }}}}'
+                    f"{text}" for i, (key, text) in enumerate(SLOWDOWN_WORDS.items()))
+    return (f"{{{{ range {printf_query(promql, args)} }}}} Its GPU {{{{ .Labels.gpu }}}} on "
+            f"{{{{ .Labels.instance }}}} is in {words}{{{{ else }}}}{{{{ .Labels.reason }}}}"
+            "{{ end }}.{{ end }}")
+
+
 def gpu_health(node_agents: Selector, config: RulesConfig) -> tuple[Alert, ...]:
     """What NVML says of the GPU itself: the recovery action it asks for and a failed
     row remap page (and, with the ranks of the run, mute their consequences); a pending

@@ -20,6 +20,7 @@ from colossalai_exporter.rulesgen.common import (
     training_dashboard,
 )
 from colossalai_exporter.rulesgen.config import Thresholds
+from colossalai_exporter.rulesgen.gpu import rank_gpu_slowdowns
 from colossalai_exporter.rulesgen.model import Alert, Group, Recording
 from colossalai_exporter.rulesgen.promql import (
     Selector,
@@ -80,7 +81,8 @@ def stragglers(rank_servers: Selector, node_agents: Selector,
             fill("Rank [[$rank]] of job [[$job]] steps at {{ $value | humanizePercentage }} of "
                  "the job's median rate ([[median]] steps/s), below [[ratio]].",
                  median=query(STEP_RATE_MEDIAN, ("job",), 'value | printf "%.3g"'),
-                 ratio=f"{thresholds.straggler_ratio:.0%}"),
+                 ratio=f"{thresholds.straggler_ratio:.0%}")
+            + rank_gpu_slowdowns(by_run=False),
             training_dashboard(), cause="step_rate"),
         waits_least(rank_servers, node_agents, thresholds),
     )
@@ -113,5 +115,6 @@ def waits_least(rank_servers: Selector, node_agents: Selector, thresholds: Thres
              "while the run's median rank waits [[median]] (in a synchronous job every "
              "rank steps at the slowest one's rate).",
              median=first_sample(f"{WAIT_SHARE_MEDIAN}{{run=%q}}", "$labels.run",
-                                 "{{ .Value | humanizePercentage }}")),
+                                 "{{ .Value | humanizePercentage }}"))
+        + rank_gpu_slowdowns(by_run=True),
         training_dashboard(), cause="waits_least")
