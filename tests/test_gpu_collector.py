@@ -716,6 +716,28 @@ def test_an_event_handle_is_matched_by_the_address_it_holds() -> None:
     assert _handle_key(other) != _handle_key(kept)
 
 
+def test_nvlink_links_active_and_their_errors(make: Make, scenario: Scenario) -> None:
+    """GPU 0 has 18 links, link 3 down, and replay and CRC errors; GPU 1 all 18 up and no
+    error; GPU 2 (a PCIe board) has no NVLink and serves none of it."""
+    scenario.write(gpus=[
+        gpu(0, nvlink={"links": 18, "inactive": [3],
+                       "errors": {"replay": 7, "crc_flit": 2}}),
+        gpu(1, nvlink={"links": 18}),
+        gpu(2),
+    ])
+    reg = collect_once_started(make())
+    value = reg.get_sample_value
+    assert value("colossalai_gpu_nvlink_links", {"gpu": "0"}) == 18
+    assert value("colossalai_gpu_nvlink_links_active", {"gpu": "0"}) == 17
+    assert value("colossalai_gpu_nvlink_links_active", {"gpu": "1"}) == 18
+    assert value("colossalai_gpu_nvlink_errors_total", {"gpu": "0", "kind": "replay"}) == 7
+    assert value("colossalai_gpu_nvlink_errors_total", {"gpu": "0", "kind": "crc_flit"}) == 2
+    assert value("colossalai_gpu_nvlink_errors_total", {"gpu": "0", "kind": "recovery"}) == 0
+    assert value("colossalai_gpu_nvlink_errors_total", {"gpu": "1", "kind": "crc_data"}) == 0
+    text = exposition(list(reg.collect()))
+    assert not [line for line in series(text) if "nvlink" in line and 'gpu="2"' in line]
+
+
 def test_the_gpus_own_health_verdicts(make: Make, scenario: Scenario) -> None:
     """NVML's recovery action, row remaps, retired pages, PCIe replays and hardware
     slowdowns, each where the GPU has it; a GPU without them serves none of them."""

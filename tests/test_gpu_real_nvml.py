@@ -294,6 +294,13 @@ def test_real_nvml_reads_the_gpus_health_fields() -> None:
         assert gpu.recovery_action is None or gpu.recovery_action >= 0
         assert gpu.pcie_replays is None or gpu.pcie_replays >= 0
         assert gpu.clock_event_reasons is None or gpu.clock_event_reasons >= 0
+        # NVLink: none on a PCIe board; an SXM board's links, active or not (a one-GPU
+        # slice of an HGX machine may show them down)
+        if gpu.nvlink_links is not None:
+            links, active = gpu.nvlink_links
+            assert links > 0
+            assert 0 <= active <= links
+        assert all(count >= 0 for _, count in gpu.nvlink_errors or ())
         if "H100" in gpu.name or "H200" in gpu.name:
             assert gpu.remapped_rows is not None, gpu
             driver_major = int(reading.driver_version.split(".")[0])

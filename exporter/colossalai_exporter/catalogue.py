@@ -125,6 +125,14 @@ NODE: tuple[Metric, ...] = (
     _m("colossalai_gpu_pcie_replays_total", "counter",
        "PCIe replays since the driver loaded: link-level retries (a marginal slot, riser "
        "or cable).", ("gpu",)),
+    _m("colossalai_gpu_nvlink_links", "gauge",
+       "NVLink links the GPU has (NVML's link count); absent on a GPU without NVLink.",
+       ("gpu",)),
+    _m("colossalai_gpu_nvlink_links_active", "gauge",
+       "NVLink links of the GPU that are active now (nvmlDeviceGetNvLinkState).", ("gpu",)),
+    _m("colossalai_gpu_nvlink_errors_total", "counter",
+       "NVLink errors since the driver loaded, summed over the GPU's links, by kind "
+       "crc_flit|crc_data|replay|recovery.", ("gpu", "kind")),
     _m("colossalai_gpu_clock_slowdown_active", "gauge",
        "1 while the hardware slows the GPU's clocks, by reason hw_slowdown|"
        "sw_thermal_slowdown|hw_thermal_slowdown|hw_power_brake_slowdown (NVML's clocks "

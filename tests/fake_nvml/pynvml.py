@@ -67,7 +67,11 @@ What each knob mimics on real hardware:
   Ampere and later); ``retired_pages`` (``{"single_bit": n, "double_bit": n,
   "pending": bool}``, before Ampere); ``pcie_replays`` (a count);
   ``clock_event_reasons`` (the nvmlClocksEventReason* bit mask: 0x8 HW slowdown,
-  0x20 SW thermal, 0x40 HW thermal, 0x80 power brake, 0x4 the power cap).
+  0x20 SW thermal, 0x40 HW thermal, 0x80 power brake, 0x4 the power cap);
+  ``nvlink`` (``{"links": 18, "inactive": [3], "errors": {"crc_flit": n, "crc_data": n,
+  "replay": n, "recovery": n}}``: the link count and the error totals over the links
+  through ``nvmlDeviceGetFieldValues``, each link's state through
+  ``nvmlDeviceGetNvLinkState``); left out, the GPU has no NVLink (0 links).
 """
 
 from __future__ import annotations
@@ -124,6 +128,13 @@ NVML_VOLATILE_ECC = _real.NVML_VOLATILE_ECC
 NVMLError = _real.NVMLError
 nvmlEventTypeXidCriticalError = _real.nvmlEventTypeXidCriticalError
 NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = _real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+NVML_FI_DEV_NVLINK_LINK_COUNT = _real.NVML_FI_DEV_NVLINK_LINK_COUNT
+NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL = _real.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL
+NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL = _real.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL
+NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL = _real.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL
+NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL = _real.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL
+NVML_VALUE_TYPE_UNSIGNED_INT = _real.NVML_VALUE_TYPE_UNSIGNED_INT
+NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = _real.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
 NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS = \
     _real.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
 NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR = \
@@ -140,12 +151,19 @@ __all__ = [
     "NVML_ERROR_TIMEOUT",
     "NVML_ERROR_UNINITIALIZED",
     "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION",
+    "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+    "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "NVML_FI_DEV_NVLINK_LINK_COUNT",
+    "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+    "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
     "NVML_MEMORY_ERROR_TYPE_CORRECTED",
     "NVML_MEMORY_ERROR_TYPE_UNCORRECTED",
     "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR",
     "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS",
     "NVML_SUCCESS",
     "NVML_TEMPERATURE_GPU",
+    "NVML_VALUE_TYPE_UNSIGNED_INT",
+    "NVML_VALUE_TYPE_UNSIGNED_LONG_LONG",
     "NVML_VOLATILE_ECC",
     "NVMLError",
     "nvmlEventTypeXidCriticalError",
@@ -395,30 +413,66 @@ def nvmlDeviceGetCurrentClocksEventReasons(handle: _Handle) -> int:
 
 @dataclass
 class _FieldValue:
-    """c_nvmlFieldValue_t's parts the reader uses: per-field return code and value."""
+    """c_nvmlFieldValue_t's parts the reader uses: per-field return code, value type and
+    value."""
 
     fieldId: int
     nvmlReturn: int = NVML_SUCCESS
     value: Any = None
+    valueType: int = NVML_VALUE_TYPE_UNSIGNED_INT
 
 
 @dataclass
 class _Value:
+    """c_nvmlValue_t, a union: the member valueType names holds the value."""
+
     uiVal: int = 0
+    ullVal: int = 0
+
+
+_NVLINK_ERROR_FIELDS = {
+    NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: "crc_flit",
+    NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: "crc_data",
+    NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: "replay",
+    NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: "recovery",
+}
+
+
+def _field(gpu: dict[str, Any], field_id: int) -> _FieldValue:
+    unsupported = _FieldValue(field_id, NVML_ERROR_NOT_SUPPORTED, _Value())
+    nvlink = gpu.get("nvlink")
+    if field_id == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
+        action = gpu.get("recovery_action")
+        return unsupported if action is None else _FieldValue(field_id, NVML_SUCCESS,
+                                                              _Value(uiVal=int(action)))
+    if field_id == NVML_FI_DEV_NVLINK_LINK_COUNT:
+        # A board without NVLink: 0 links (the reader takes NOT_SUPPORTED the same way).
+        links = int(nvlink["links"]) if nvlink is not None else 0
+        return _FieldValue(field_id, NVML_SUCCESS, _Value(uiVal=links))
+    if field_id in _NVLINK_ERROR_FIELDS:
+        if nvlink is None:
+            return unsupported
+        count = int(nvlink.get("errors", {}).get(_NVLINK_ERROR_FIELDS[field_id], 0))
+        return _FieldValue(field_id, NVML_SUCCESS, _Value(ullVal=count),
+                           NVML_VALUE_TYPE_UNSIGNED_LONG_LONG)
+    return unsupported
 
 
 def nvmlDeviceGetFieldValues(handle: _Handle, field_ids: list[int]) -> list[_FieldValue]:
     """Like NVML: the call succeeds and each field says whether it is supported."""
     _enter("nvmlDeviceGetFieldValues", handle)
     gpu = _gpu(handle)
-    values = []
-    for field_id in field_ids:
-        action = gpu.get("recovery_action")
-        if field_id == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION and action is not None:
-            values.append(_FieldValue(field_id, NVML_SUCCESS, _Value(int(action))))
-        else:
-            values.append(_FieldValue(field_id, NVML_ERROR_NOT_SUPPORTED, _Value()))
-    return values
+    return [_field(gpu, field_id) for field_id in field_ids]
+
+
+def nvmlDeviceGetNvLinkState(handle: _Handle, link: int) -> int:
+    """1 (NVML_FEATURE_ENABLED) for an active link, 0 for one down; a link the GPU does
+    not have is INVALID_ARGUMENT, a GPU without NVLink NOT_SUPPORTED, as in NVML."""
+    _enter("nvmlDeviceGetNvLinkState", handle)
+    nvlink = _value(handle, "nvlink")
+    if not 0 <= link < int(nvlink["links"]):
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return 0 if link in nvlink.get("inactive", ()) else 1
 
 
 def nvmlEventSetCreate() -> _EventSet:

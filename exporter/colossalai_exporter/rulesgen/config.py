@@ -123,6 +123,9 @@ class Thresholds(Section, frozen=True):
     gpu_pcie_replays_per_minute: float
     gpu_clock_slowdown_share: float
     gpu_clock_slowdown_window: Duration
+    gpu_nvlink_down_memory: Duration
+    gpu_nvlink_error_minutes: int
+    gpu_nvlink_error_window: Duration
 
 
 class Kubernetes(Section, frozen=True):

@@ -33,9 +33,10 @@ from colossalai_exporter.rulesgen.promql import (
 XID_EVENTS = "colossalai_gpu_xid_events_total"
 # One GPU, one page (deploy/alertmanager/alertmanager.yml): a GPU that needs action
 # before it runs a job again mutes its own warnings, which that action covers.
-GPU_CAUSE_ALERTS = ("GPUXidCritical", "GPURecoveryActionRequired", "GPURowRemapFailure")
+GPU_CAUSE_ALERTS = ("GPUXidCritical", "GPURecoveryActionRequired", "GPURowRemapFailure",
+                    "GPUNVLinkDown")
 GPU_WARNING_ALERTS = ("GPUXidWarning", "GPUXidRecurring", "GPURowRemapPending",
-                      "GPURetiredPagesHigh")
+                      "GPURetiredPagesHigh", "GPUNVLinkErrors")
 # "GPU recovery action changed" (driver 570 and later): its action is "read the GPU's
 # recovery action and do what it says". Where the agent reads that action
 # (colossalai_gpu_recovery_action_info), GPURecoveryActionRequired says it, with
@@ -170,6 +171,55 @@ def rank_gpu_slowdowns(by_run: bool) -> str:
             "{{ end }}.{{ end }}")
 
 
+def nvlink_down(node_agents: Selector, th: Thresholds) -> Alert:
+    """GPUNVLinkDown: fewer links active than a peer GPU of the node has (every GPU of an
+    HGX board has all its links up), or than the GPU itself had lately (a link that
+    went down on every GPU at once: an NVSwitch). A cause alert, as a critical Xid."""
+    active = node_agents("colossalai_gpu_nvlink_links_active")
+    condition = expr(f"""
+        (
+          {active}
+            < on (job, instance) group_left ()
+              max by (job, instance) ({active})
+        )
+        or
+        (
+          {active}
+            < max_over_time({active}[{th.gpu_nvlink_down_memory}])
+        )
+    """)
+    links = printf_query(matching("colossalai_gpu_nvlink_links", ("job", "instance", "gpu")),
+                         "$labels.job $labels.instance $labels.gpu")
+    return Alert(
+        "GPUNVLinkDown", with_run(condition, node_agents, ("job", "instance")),
+        "critical", "NVLink links of a GPU are down.",
+        fill("GPU [[$gpu]] on [[$instance]]: {{ $value }} of {{ with " + links +
+             " }}{{ . | first | value }}{{ else }}its{{ end }} NVLink links active — drain "
+             "the node and reset the GPU (nvidia-smi -r); if a link stays down, the GPU or "
+             "its NVSwitch board needs service.[[ranks]]", ranks=xid_ranks()),
+        nodes_dashboard())
+
+
+def nvlink_errors(node_agents: Selector, th: Thresholds) -> Alert:
+    """GPUNVLinkErrors: NVLink error counters that keep rising (NVRx's windowed test).
+    Counters alone warn; they do not page (DCGM dropped its BER checks as false
+    positives), so it ships record-only."""
+    errors = node_agents("colossalai_gpu_nvlink_errors_total")
+    minutes, window = th.gpu_nvlink_error_minutes, th.gpu_nvlink_error_window
+    return Alert(
+        "GPUNVLinkErrors",
+        expr(f"""
+            count_over_time((increase({errors}[1m]) > 0)[{window}:1m])
+              > {minutes}
+        """),
+        "warning", "A GPU's NVLink keeps counting errors.",
+        fill("GPU [[$gpu]] on [[$instance]]: NVLink {{ $labels.kind }} errors in "
+             "{{ $value }} of the last [[window]]'s minutes (over [[minutes]]): read them "
+             "per link (nvidia-smi nvlink -e -i <gpu>) and reset the GPU at the next drain; "
+             "a link that keeps counting needs service.", window=window, minutes=minutes),
+        nodes_dashboard())
+
+
 def gpu_health(node_agents: Selector, config: RulesConfig) -> tuple[Alert, ...]:
     """What NVML says of the GPU itself: the recovery action it asks for and a failed
     row remap page (and, with the ranks of the run, mute their consequences); a pending
@@ -193,6 +243,7 @@ def gpu_health(node_agents: Selector, config: RulesConfig) -> tuple[Alert, ...]:
                  "spare rows left — drain the node and replace the GPU (RMA).[[ranks]]",
                  ranks=xid_ranks()),
             nodes_dashboard()),
+        nvlink_down(node_agents, th),
         Alert(
             "GPURowRemapPending", node_agents("colossalai_gpu_row_remap_pending") + " == 1",
             "warning", "A GPU has a row remap waiting for its next reset.",
@@ -238,4 +289,5 @@ def gpu_health(node_agents: Selector, config: RulesConfig) -> tuple[Alert, ...]:
                  "[[window]]: check its cooling and power; every rank of a synchronous job "
                  "waits for it.", window=th.gpu_clock_slowdown_window),
             nodes_dashboard()),
+        nvlink_errors(node_agents, th),
     )

@@ -56,7 +56,8 @@ __all__ = [
 # torch.save leaves that rank outside any collective while the others wait).
 SPECIFIC_CAUSE_ALERTS = ("GeminiOutOfMemory", "KernelBuildFailed", "CheckpointFailing",
                          "CheckpointStuck", "TrainingRankOOMKilled", "TrainingNodeLost",
-                         "GPUXidCritical", "GPURecoveryActionRequired", "GPURowRemapFailure")
+                         "GPUXidCritical", "GPURecoveryActionRequired", "GPURowRemapFailure",
+                         "GPUNVLinkDown")
 # Causes named from the outside (who a hang waits for; a run that keeps restarting): they
 # explain the stalls and rank-downs that follow, and a specific cause explains them.
 GENERAL_CAUSE_ALERTS = ("TrainingHangSuspect", "TrainingRestartLoop")

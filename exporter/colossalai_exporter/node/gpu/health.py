@@ -1,6 +1,6 @@
 """A GPU's own health verdicts, as NVML reports them: what to do, from the driver.
 
-Four signals the operators' tools agree on (../shared/research/health-signals-2026-12.md
+Five signals the operators' tools agree on (../shared/research/health-signals-2026-12.md
 §1.3), each served only where the GPU and driver have it:
 
 * the **recovery action** NVML asks for (driver >= 570; NVRx, Azure's health agent
@@ -10,6 +10,10 @@ Four signals the operators' tools agree on (../shared/research/health-signals-20
   and a remap that failed (the GPU has run out of spare rows: replace it);
 * **page retirement** (before Ampere): pages retired for single- and double-bit
   errors, and a retirement pending until the next reboot;
+* **NVLink**: the links a GPU has and how many are active (one down cuts the GPU's
+  collectives to a slower path or breaks them), and the links' error counters summed
+  over the links (CRC, replay, recovery: DCGM's and NVRx's), per GPU rather than per
+  link, which would be 18 series a counter on an H100;
 * **PCIe replays** (link-level retries: a marginal riser, slot or cable) and the
   **clock event reasons** that slow a GPU down without a job asking (hardware
   slowdown, thermal, power brake; the power cap and idle are left out, as NHC does).
@@ -46,6 +50,9 @@ def health_families(gpus: Sequence[GpuReading]) -> list[MetricFamily]:
     retire_pending = catalogue.gauge("colossalai_gpu_retired_pages_pending")
     replays = catalogue.counter("colossalai_gpu_pcie_replays_total")
     slowdown = catalogue.gauge("colossalai_gpu_clock_slowdown_active")
+    links = catalogue.gauge("colossalai_gpu_nvlink_links")
+    links_active = catalogue.gauge("colossalai_gpu_nvlink_links_active")
+    nvlink_errors = catalogue.counter("colossalai_gpu_nvlink_errors_total")
     for gpu in gpus:
         label = [str(gpu.index)]
         if gpu.recovery_action is not None:
@@ -68,5 +75,11 @@ def health_families(gpus: Sequence[GpuReading]) -> list[MetricFamily]:
             for reason, bit in SLOWDOWN_REASONS.items():
                 active = 1.0 if gpu.clock_event_reasons & bit else 0.0
                 slowdown.add_metric([*label, reason], active)
+        if gpu.nvlink_links is not None:
+            count, active_count = gpu.nvlink_links
+            links.add_metric(label, count)
+            links_active.add_metric(label, active_count)
+        for kind, errors in gpu.nvlink_errors or ():
+            nvlink_errors.add_metric([*label, kind], errors)
     return [action, remapped, remap_pending, remap_failed, retired, retire_pending, replays,
-            slowdown]
+            slowdown, links, links_active, nvlink_errors]

@@ -31,6 +31,21 @@ from colossalai_exporter.node.gpu.protocol import (
 #: Events read per sample at most, so an event storm cannot stretch a sample.
 MAX_EVENTS_PER_SAMPLE = 256
 
+RECOVERY_ACTION = "recovery_action"
+NVLINK_LINK_COUNT = "nvlink_link_count"
+#: the NVLink error counters, totals over the GPU's links (the kinds DCGM and NVRx read)
+NVLINK_ERROR_KINDS = ("crc_flit", "crc_data", "replay", "recovery")
+#: what the reader asks nvmlDeviceGetFieldValues for, by the pynvml constant naming it
+FIELDS = {
+    # driver >= 570: 0 none, 1 GPU reset, 2 node reboot, ... (health.RECOVERY_ACTIONS)
+    RECOVERY_ACTION: "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION",
+    NVLINK_LINK_COUNT: "NVML_FI_DEV_NVLINK_LINK_COUNT",
+    "crc_flit": "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "crc_data": "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+    "replay": "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+    "recovery": "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+}
+
 
 class NvmlReader:
     """Samples every visible GPU through ``nvml``, a module with pynvml's API."""
@@ -167,6 +182,7 @@ class NvmlReader:
                                      nvml.NVML_AGGREGATE_ECC)
         processes = self._optional(nvml.nvmlDeviceGetComputeRunningProcesses, handle)
         remapped = self._optional(nvml.nvmlDeviceGetRemappedRows, handle)
+        fields = self._fields(handle)
         return GpuReading(
             index=index, uuid=uuid, name=name,
             memory_used_bytes=None if memory is None else int(memory.used),
@@ -178,25 +194,40 @@ class NvmlReader:
             ecc_uncorrected=None if uncorrected is None else int(uncorrected),
             xid_watched=index in self._watched,
             pids=None if processes is None else tuple(int(p.pid) for p in processes),
-            recovery_action=self._recovery_action(handle),
+            recovery_action=fields.get(RECOVERY_ACTION),
             remapped_rows=None if remapped is None else (
                 int(remapped[0]), int(remapped[1]), bool(remapped[2]), bool(remapped[3])),
             retired_pages=self._retired_pages(handle),
             pcie_replays=self._optional(nvml.nvmlDeviceGetPcieReplayCounter, handle),
             clock_event_reasons=self._clock_event_reasons(handle),
+            nvlink_links=self._nvlink_links(handle, fields.get(NVLINK_LINK_COUNT)),
+            nvlink_errors=_nvlink_errors(fields),
         )
 
-    def _recovery_action(self, handle: Any) -> int | None:
-        """NVML's recovery action field; None on drivers before 570 (or a pynvml without
-        the field), which cannot say."""
+    def _fields(self, handle: Any) -> dict[str, int]:
+        """The NVML fields the reader uses (FIELDS), in one call: name -> value, for those
+        this GPU and driver support (each field answers on its own: NOT_SUPPORTED …)."""
         nvml = self.nvml
-        field_id = getattr(nvml, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
-        if field_id is None:
-            return None
-        values = self._optional(nvml.nvmlDeviceGetFieldValues, handle, [field_id])
-        if not values or int(values[0].nvmlReturn) != 0:  # per field: NOT_SUPPORTED, …
-            return None
-        return int(values[0].value.uiVal)
+        ids = {getattr(nvml, constant): name for name, constant in FIELDS.items()
+               if hasattr(nvml, constant)}  # an older nvidia-ml-py lacks the newest
+        values = self._optional(nvml.nvmlDeviceGetFieldValues, handle, list(ids)) or []
+        found: dict[str, int] = {}
+        for value in values:
+            if int(value.nvmlReturn) == 0 and int(value.fieldId) in ids:
+                found[ids[int(value.fieldId)]] = _field_number(nvml, value)
+        return found
+
+    def _nvlink_links(self, handle: Any, count: int | None) -> tuple[int, int] | None:
+        """(links, links active): nvmlDeviceGetNvLinkState for each of the GPU's links."""
+        if not count:
+            return None  # no NVLink (a PCIe board, or NVML cannot say)
+        active = 0
+        for link in range(count):
+            state = self._optional(self.nvml.nvmlDeviceGetNvLinkState, handle, link)
+            if state is None:
+                return None
+            active += 1 if int(state) == 1 else 0  # NVML_FEATURE_ENABLED
+        return count, active
 
     def _retired_pages(self, handle: Any) -> tuple[int, int, bool] | None:
         nvml = self.nvml
@@ -239,6 +270,19 @@ class NvmlReader:
             return Failure(GPU_LOST, f"{step}: NVML says the GPU is lost (fell off the bus?); "
                                      "NVML is re-initialised at the next scrape")
         return Failure(NVML_ERROR, f"{step}: NVML error {value}: {exc}")
+
+
+def _field_number(nvml: Any, value: Any) -> int:
+    """A field's value as its valueType says (NVML_VALUE_TYPE_*: the NVLink totals are
+    unsigned long long, the recovery action and the link count unsigned int)."""
+    kind = int(getattr(value, "valueType", 1))
+    member = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
+    return int(getattr(value.value, member.get(kind, "uiVal")))
+
+
+def _nvlink_errors(fields: dict[str, int]) -> tuple[tuple[str, int], ...] | None:
+    found = tuple((kind, fields[kind]) for kind in NVLINK_ERROR_KINDS if kind in fields)
+    return found or None
 
 
 def _omittable(nvml: Any, exc: Exception) -> bool:
