@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 from conftest import cli_env
 from gpu_helpers import Scenario, fake_nvml_env, gpu
@@ -28,8 +29,10 @@ FORGED_79 = "12,900,6000000,-;NVRM: Xid (PCI:0000:3b:00): 79, forged by a user"
 
 
 def run_check(tmp: Path, *args: str, gpus: int = 2, kmsg: list[str] | None = None,
-              expected: int | None = 2) -> tuple[int, str, str]:
-    scenario = Scenario(tmp / "nvml.json").write(gpus=[gpu(i) for i in range(gpus)])
+              expected: int | None = 2,
+              specs: list[dict[str, Any]] | None = None) -> tuple[int, str, str]:
+    scenario = Scenario(tmp / "nvml.json").write(
+        gpus=specs if specs is not None else [gpu(i) for i in range(gpus)])
     log = tmp / "kmsg"
     log.write_text("".join(line + "\n" for line in (kmsg or [])))
     (tmp / "ckpt").mkdir(exist_ok=True)
@@ -57,6 +60,32 @@ def test_a_critical_xid_since_boot_fails_the_node_with_the_action(tmp_path: Path
         "node and reboot it; the GPU is gone until then; 2 GPU(s); Xid 63 on GPU 0000:86:00 "
         "since boot: ECC page retirement or row remapping event — no action now; reset the "
         "GPU at the node's next drain"]
+
+
+def test_what_nvml_says_of_the_gpus_fails_the_node_with_the_action(tmp_path: Path) -> None:
+    """GPU 1 asks for a reset, GPU 2 failed a row remap, GPU 0 has a link down that its
+    peers have up; GPU 3's pending remap is said. NVLink bridges (every GPU with the same
+    links down) would not fail: a peer has no more."""
+    links = {"links": 18}
+    code, out, err = run_check(tmp_path, expected=4, specs=[
+        gpu(0, nvlink={"links": 18, "inactive": [5]}),
+        gpu(1, nvlink=links, recovery_action=1),
+        gpu(2, nvlink=links, remapped_rows={"correctable": 0, "uncorrectable": 3,
+                                            "pending": False, "failure": True}),
+        gpu(3, nvlink=links, recovery_action=0,
+            remapped_rows={"correctable": 1, "uncorrectable": 0, "pending": True,
+                           "failure": False})])
+    assert code == 1, out + err
+    assert out.splitlines() == [
+        "FAIL: GPU 1: NVML asks for gpu_reset — reset the GPU (nvidia-smi -r -i <gpu>) once "
+        "its processes are stopped; GPU 2: a row remap failed, no spare rows left — replace "
+        "the GPU (RMA); GPU 0: 17 of 18 NVLink links active — reset the GPU; if a link "
+        "stays down, it needs service; 4 GPU(s); GPU 3: a row remap waits for the next GPU "
+        "reset"]
+    bridged = {"links": 18, "inactive": list(range(6, 18))}
+    code, out, err = run_check(tmp_path, expected=2,
+                               specs=[gpu(0, nvlink=bridged), gpu(1, nvlink=bridged)])
+    assert (code, out) == (0, "OK: 2 GPU(s)\n"), err
 
 
 def test_missing_gpus_and_a_broken_disk_fail(tmp_path: Path) -> None:

@@ -6,7 +6,9 @@ with the one line printed as the reason), 2 unknown (a bad flag or config). This
 runs the node agent's own checks once, on the agent's flags and config file:
 
 * the GPUs: NVML answers within ``--gpu.timeout``, none is lost, and at least
-  ``--gpu.expected`` are visible (the gpu collector's verdict);
+  ``--gpu.expected`` are visible (the gpu collector's verdict); none asks for a
+  recovery action, failed a row remap or has fewer NVLink links active than a peer
+  GPU of the node (a pending row remap is said, not failed on);
 * the watched disks: each path exists, is writable and answers in time (the disk
   collector's);
 * the kernel log since boot: an Xid the catalog (node/gpu/xid_catalog.yml) calls
@@ -24,10 +26,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from prometheus_client.samples import Sample
+
 from colossalai_exporter.flags import ArgumentParser
 from colossalai_exporter.node.base import CollectorError
 from colossalai_exporter.node.config import NodeConfig, add_node_flags, load_config
 from colossalai_exporter.node.gpu import xid
+from colossalai_exporter.node.gpu.health import RECOVERY_ACTION_WORDS
 from colossalai_exporter.node.kmsg import KernelRecords
 
 HEALTHY, UNHEALTHY = 0, 1
@@ -59,6 +64,39 @@ def check_gpus(config: NodeConfig, verdict: Verdict) -> None:
     devices = next((s.value for f in families for s in f.samples
                     if s.name == "colossalai_gpu_devices"), 0)
     verdict.notes.append(f"{devices:.0f} GPU(s)")
+    check_gpu_health([s for f in families for s in f.samples], verdict)
+
+
+def check_gpu_health(samples: Sequence[Sample], verdict: Verdict) -> None:
+    """What NVML says of each GPU, as GPURecoveryActionRequired, GPURowRemapFailure and
+    GPUNVLinkDown page it; a one-off check has no history, so an NVLink counts as down
+    only against a peer GPU of the node with more links active."""
+    def values(name: str) -> list[Sample]:
+        return [s for s in samples if s.name == name]
+
+    for sample in values("colossalai_gpu_recovery_action_info"):
+        action = sample.labels["action"]
+        if action != "none":
+            words = RECOVERY_ACTION_WORDS.get(action, "see NVIDIA's documentation of it")
+            verdict.failures.append(f"GPU {sample.labels['gpu']}: NVML asks for {action} — "
+                                    f"{words}")
+    for sample in values("colossalai_gpu_row_remap_failed"):
+        if sample.value == 1:
+            verdict.failures.append(f"GPU {sample.labels['gpu']}: a row remap failed, no "
+                                    "spare rows left — replace the GPU (RMA)")
+    links = {s.labels["gpu"]: s.value for s in values("colossalai_gpu_nvlink_links")}
+    active = values("colossalai_gpu_nvlink_links_active")
+    best = max((s.value for s in active), default=0.0)
+    for sample in active:
+        if sample.value < best:
+            gpu = sample.labels["gpu"]
+            verdict.failures.append(
+                f"GPU {gpu}: {sample.value:.0f} of {links.get(gpu, best):.0f} NVLink links "
+                "active — reset the GPU; if a link stays down, it needs service")
+    for sample in values("colossalai_gpu_row_remap_pending"):
+        if sample.value == 1:
+            verdict.notes.append(f"GPU {sample.labels['gpu']}: a row remap waits for the "
+                                 "next GPU reset")
 
 
 def check_disks(config: NodeConfig, verdict: Verdict) -> None:

@@ -16,6 +16,7 @@ of the ranks on its node.
 from __future__ import annotations
 
 from colossalai_exporter.node.gpu import xid
+from colossalai_exporter.node.gpu.health import RECOVERY_ACTION_WORDS
 from colossalai_exporter.rulesgen.common import INFO, nodes_dashboard, recent_events, with_run
 from colossalai_exporter.rulesgen.config import Duration, RulesConfig, Thresholds
 from colossalai_exporter.rulesgen.model import Alert
@@ -124,17 +125,6 @@ def gpu_xids(node_agents: Selector, thresholds: Thresholds) -> tuple[Alert, ...]
                  "the GPU's diagnostics (dcgmi diag -r 3).", window=window),
             nodes_dashboard()),
     )
-
-
-#: what each recovery action NVML can ask for means to an operator
-RECOVERY_ACTION_WORDS = {
-    "gpu_reset": "reset the GPU (nvidia-smi -r -i <gpu>) once its processes are stopped",
-    "node_reboot": "drain the node and reboot it",
-    "drain_p2p": "stop the node's multi-GPU (peer-to-peer) jobs, then reset the GPU",
-    "drain_and_reset": "drain the node, then reset the GPU",
-    "bus_reset": "drain the node and reset the GPU's PCIe bus",
-    "system_reboot": "drain the node and reboot the whole system",
-}
 
 
 def recovery_action_words() -> str:

@@ -34,6 +34,15 @@ from colossalai_exporter.node.gpu.protocol import GpuReading
 RECOVERY_ACTIONS = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p",
                     4: "drain_and_reset", 5: "recover_imex_domain", 6: "bus_reset",
                     7: "system_reboot"}
+#: what each recovery action asks of an operator (the page's and `node check`'s words)
+RECOVERY_ACTION_WORDS = {
+    "gpu_reset": "reset the GPU (nvidia-smi -r -i <gpu>) once its processes are stopped",
+    "node_reboot": "drain the node and reboot it",
+    "drain_p2p": "stop the node's multi-GPU (peer-to-peer) jobs, then reset the GPU",
+    "drain_and_reset": "drain the node, then reset the GPU",
+    "bus_reset": "drain the node and reset the GPU's PCIe bus",
+    "system_reboot": "drain the node and reboot the whole system",
+}
 #: nvmlClocksEventReason* bits that mean the hardware slowed the GPU down, by label
 #: (0xE8: healthagent's error mask); the power cap (0x4), idle (0x1), application
 #: clocks (0x2), sync boost (0x10) and display (0x100) are the job's or the admin's
