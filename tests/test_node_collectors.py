@@ -82,7 +82,7 @@ def test_collectors_are_built_after_what_they_use_and_served_in_registry_order(
         # gpu and nccl read the ranks collector's pids: ranks is built first ...
         assert order.index("ranks") < order.index("gpu") < order.index("nccl")
         # ... and the families are still served in the registry's order (gpu first).
-        assert [c.name for c in built] == ["gpu", "host", "disk", "ranks", "nccl"]
+        assert [c.name for c in built] == ["gpu", "host", "disk", "ranks", "nccl", "infiniband"]
         nccl = next(c for c in built if isinstance(c, NcclRasCollector))
         ranks = next(c for c in built if isinstance(c, RanksCollector))
         assert nccl.local_ranks == ranks.local_pids

@@ -168,6 +168,24 @@ NODE: tuple[Metric, ...] = (
     _m("colossalai_host_oom_kills_total", "counter",
        "Processes the kernel's OOM killer ended on this node since boot (/proc/vmstat "
        "oom_kill, kernel 4.13 or later; node_exporter's node_vmstat_oom_kill).", ()),
+    _m("colossalai_infiniband_port_info", "info",
+       "An RDMA port of the node (/sys/class/infiniband), with its link layer: InfiniBand, "
+       "or Ethernet for RoCE.", ("device", "port", "link_layer")),
+    _m("colossalai_infiniband_state_id", "gauge",
+       "The port's logical state (1 down, 2 init, 3 armed, 4 active, 5 active defer); "
+       "node_exporter's node_infiniband_state_id.", ("device", "port")),
+    _m("colossalai_infiniband_physical_state_id", "gauge",
+       "The port's physical state (2 polling: no peer, 3 disabled, 5 link up, 6 link error "
+       "recovery); node_exporter's node_infiniband_physical_state_id.", ("device", "port")),
+    _m("colossalai_infiniband_rate_bytes_per_second", "gauge",
+       "The port's link rate (not its traffic).", ("device", "port"), "bytes_per_second"),
+    _m("colossalai_infiniband_link_downed_total", "counter",
+       "Times the port's link went down (counters/link_downed).", ("device", "port")),
+    _m("colossalai_infiniband_link_error_recovery_total", "counter",
+       "Link error recoveries the port went through (counters/link_error_recovery).",
+       ("device", "port")),
+    _m("colossalai_infiniband_symbol_error_total", "counter",
+       "Symbol (bit) errors the port received (counters/symbol_error).", ("device", "port")),
     _m("colossalai_host_swap_total_bytes", "gauge", "Swap space configured.", (), "bytes"),
     _m("colossalai_host_swap_used_bytes", "gauge", "Swap space in use.", (), "bytes"),
     _m("colossalai_disk_free_bytes", "gauge",

@@ -75,6 +75,8 @@ REGISTRY: tuple[CollectorEntry, ...] = (
                    f"{_NODE}.ranks:from_config"),
     CollectorEntry("nccl", "NCCL's RAS service on this node", f"{_NODE}.nccl_ras:from_config",
                    uses=("ranks",)),
+    CollectorEntry("infiniband", "InfiniBand and RoCE ports (sysfs)",
+                   f"{_NODE}.infiniband:from_config"),
 )
 NAMES: tuple[str, ...] = tuple(entry.name for entry in REGISTRY)
 _BY_NAME = {entry.name: entry for entry in REGISTRY}

@@ -17,6 +17,8 @@ Example ``node.yml`` (every key optional)::
       timeout_seconds: 2
     ranks:
       run_dir: /dev/shm/colossalai-exporter
+    infiniband:
+      sysfs: /sys/class/infiniband
 
 Environment: ``CHECKPOINT_DIR`` and ``NVME_PATH`` (the tutorial's) name the
 default disks, ``MASTER_ADDR``/``MASTER_PORT`` the default rendezvous target.
@@ -72,6 +74,8 @@ class NodeConfig:
     #: NCCL's RAS service on this node (NCCL_RAS_ADDR's default)
     nccl_ras: Endpoint = field(default_factory=lambda: Endpoint("127.0.0.1", 28028))
     nccl_timeout: float = 3.0
+    #: where the RDMA devices are (a fake tree in tests)
+    infiniband_sysfs: str = "/sys/class/infiniband"
 
 
 def parse_disk(spec: str, mount_point: bool = False) -> WatchedPath:
@@ -133,6 +137,10 @@ class NcclSection(Section, frozen=True):
     timeout_seconds: Seconds | None = None
 
 
+class InfinibandSection(Section, frozen=True):
+    sysfs: ConfigPath | None = None
+
+
 class NodeFile(DaemonFile, frozen=True):
     scrape_timeout_seconds: Seconds | None = None
     collectors: CollectorsSection = CollectorsSection()
@@ -141,6 +149,7 @@ class NodeFile(DaemonFile, frozen=True):
     rendezvous: RendezvousSection = RendezvousSection()
     ranks: RanksSection = RanksSection()
     nccl: NcclSection = NcclSection()
+    infiniband: InfinibandSection = InfinibandSection()
 
 
 def apply_file(config: NodeConfig, file: NodeFile, source: str) -> None:
@@ -168,6 +177,8 @@ def apply_file(config: NodeConfig, file: NodeFile, source: str) -> None:
     if file.nccl.timeout_seconds is not None:
         config.nccl_timeout = _positive(file.nccl.timeout_seconds,
                                         f"{source}: nccl.timeout_seconds")
+    if file.infiniband.sysfs is not None:
+        config.infiniband_sysfs = str(file.infiniband.sysfs)
 
 
 def _count(value: Any, where: str) -> int:
@@ -209,6 +220,9 @@ def add_node_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rendezvous.timeout", dest="rendezvous_timeout", type=float,
                         default=None, metavar="SECONDS",
                         help="deadline for one rendezvous connect (default 2)")
+    parser.add_argument("--infiniband.sysfs", dest="infiniband_sysfs", default=None,
+                        metavar="PATH",
+                        help="where the RDMA devices are (default /sys/class/infiniband)")
     parser.add_argument("--ranks.run-dir", dest="ranks_run_dir", default=None, metavar="PATH",
                         help="where local training ranks publish their state snapshots "
                              "(default $COLOSSALAI_EXPORTER_RUN_DIR, else "
@@ -241,6 +255,8 @@ def apply_flags(config: NodeConfig, args: argparse.Namespace) -> None:
         config.rendezvous_timeout = _positive(args.rendezvous_timeout, "--rendezvous.timeout")
     if args.ranks_run_dir is not None:
         config.ranks_run_dir = args.ranks_run_dir
+    if args.infiniband_sysfs is not None:
+        config.infiniband_sysfs = args.infiniband_sysfs
     if args.gpu_timeout is not None:
         config.gpu_timeout = _positive(args.gpu_timeout, "--gpu.timeout")
     if args.scrape_timeout is not None:
