@@ -34,6 +34,7 @@ from colossalai_exporter.rulesgen.promql import (
 # The labels that name one rank's series (and an alert about one rank).
 RANK = ("job", "instance", "rank")
 INFO = "colossalai_training_info"
+START = "colossalai_training_start_timestamp_seconds"
 PHASE = "colossalai_training_phase"
 RANK_UP = "colossalai_rank_up"
 STALLED = "colossalai_training_stalled"
@@ -129,6 +130,22 @@ def with_run(vector: str, view: Selector, on: tuple[str, ...] = RANK) -> str:
     return (f"(\n  (\n{indent(vector, 4)}\n  )\n  * on ({labels}) group_left (run)\n"
             f"    max by ({labels}, run) ({info})\n"
             f"  or\n  (\n{indent(vector, 4)}\n  )\n  unless on ({labels})\n    {info}\n)")
+
+
+def with_node_run(vector: str, node_agents: Selector) -> str:
+    """``vector`` (a node's series: a GPU, a port) with the ``run`` of the node's ranks,
+    as :func:`with_run` joins a rank's; values kept.
+
+    A node may show ranks of two runs for a while (a stale rank of the run before, a
+    small job beside another): a join on the node would find two runs and fail the
+    whole rule. The run named is the one started last on the node, each node one.
+    """
+    latest = (f"topk by (job, instance) (1,\n"
+              f"  max by (job, instance, run) ({node_agents(START)})\n)")
+    return (f"(\n  (\n{indent(vector, 4)}\n  )\n  + on (job, instance) group_left (run)\n"
+            f"    (0 * {indent(latest, 4).lstrip()})\n"
+            f"  or\n  (\n{indent(vector, 4)}\n  )\n  unless on (job, instance)\n"
+            f"    {node_agents(START)}\n)")
 
 
 def runs_with(vector: str) -> str:

@@ -17,7 +17,12 @@ from __future__ import annotations
 
 from colossalai_exporter.node.gpu import xid
 from colossalai_exporter.node.gpu.health import RECOVERY_ACTION_WORDS
-from colossalai_exporter.rulesgen.common import INFO, nodes_dashboard, recent_events, with_run
+from colossalai_exporter.rulesgen.common import (
+    INFO,
+    nodes_dashboard,
+    recent_events,
+    with_node_run,
+)
 from colossalai_exporter.rulesgen.config import Duration, RulesConfig, Thresholds
 from colossalai_exporter.rulesgen.model import Alert
 from colossalai_exporter.rulesgen.promql import (
@@ -96,9 +101,8 @@ def gpu_xids(node_agents: Selector, thresholds: Thresholds) -> tuple[Alert, ...]
     means, what to do and the ranks of the run on that node (it mutes their deaths,
     stalls and hangs, alertmanager.yml); warning tells; application-class codes only
     when they keep coming back on one GPU."""
-    node_labels = ("job", "instance")
-    critical = with_run(recent_events(node_agents(XID_EVENTS, tier_is("critical")),
-                                      thresholds.gpu_xid_window), node_agents, node_labels)
+    critical = with_node_run(recent_events(node_agents(XID_EVENTS, tier_is("critical")),
+                                           thresholds.gpu_xid_window), node_agents)
     count, window = thresholds.gpu_xid_recurring_count, thresholds.gpu_xid_recurring_window
     return (
         Alert(
@@ -181,7 +185,7 @@ def nvlink_down(node_agents: Selector, th: Thresholds) -> Alert:
     links = printf_query(matching("colossalai_gpu_nvlink_links", ("job", "instance", "gpu")),
                          "$labels.job $labels.instance $labels.gpu")
     return Alert(
-        "GPUNVLinkDown", with_run(condition, node_agents, ("job", "instance")),
+        "GPUNVLinkDown", with_node_run(condition, node_agents),
         "critical", "NVLink links of a GPU are down.",
         fill("GPU [[$gpu]] on [[$instance]]: {{ $value }} of {{ with " + links +
              " }}{{ . | first | value }}{{ else }}its{{ end }} NVLink links active — drain "
@@ -214,20 +218,19 @@ def gpu_health(node_agents: Selector, config: RulesConfig) -> tuple[Alert, ...]:
     """What NVML says of the GPU itself: the recovery action it asks for and a failed
     row remap page (and, with the ranks of the run, mute their consequences); a pending
     remap, many retired pages, PCIe replays and hardware slowdowns tell."""
-    node_labels = ("job", "instance")
     th = config.thresholds
     action = node_agents("colossalai_gpu_recovery_action_info", label_is_not("action", "none"))
     return (
         Alert(
-            "GPURecoveryActionRequired", with_run(action, node_agents, node_labels),
+            "GPURecoveryActionRequired", with_node_run(action, node_agents),
             "critical", "NVML asks for a recovery action on a GPU.",
             fill("GPU [[$gpu]] on [[$instance]]: NVML asks for {{ $labels.action }} — "
                  "[[words]].[[ranks]]", words=recovery_action_words(), ranks=xid_ranks()),
             nodes_dashboard()),
         Alert(
             "GPURowRemapFailure",
-            with_run(node_agents("colossalai_gpu_row_remap_failed") + " == 1", node_agents,
-                     node_labels),
+            with_node_run(node_agents("colossalai_gpu_row_remap_failed") + " == 1",
+                          node_agents),
             "critical", "A GPU failed to remap a memory row: it has no spare rows left.",
             fill("GPU [[$gpu]] on [[$instance]]: a row remap failed, the GPU's memory has no "
                  "spare rows left — drain the node and replace the GPU (RMA).[[ranks]]",
