@@ -140,6 +140,16 @@ def test_a_gpu_that_needs_action_mutes_its_own_warnings() -> None:
     assert set(GPU_CAUSE_ALERTS) | set(GPU_WARNING_ALERTS) <= alert_names()
 
 
+def test_a_port_down_mutes_its_nodes_other_fabric_alerts() -> None:
+    from colossalai_exporter.rulesgen.fabric import FABRIC_CAUSE, FABRIC_SYMPTOMS
+
+    assert {
+        "source_matchers": [f'alertname="{FABRIC_CAUSE}"'],
+        "target_matchers": [f'alertname=~"{"|".join(FABRIC_SYMPTOMS)}"'],
+        "equal": ["node"]} in _config()["inhibit_rules"]
+    assert {FABRIC_CAUSE, *FABRIC_SYMPTOMS} <= alert_names()
+
+
 def test_a_chat_servers_failure_mutes_its_symptoms() -> None:
     from colossalai_exporter.rulesgen.chat import CHAT_CAUSE_ALERTS, CHAT_SYMPTOM_ALERTS
 
@@ -236,6 +246,18 @@ def test_slack_title_names_a_lost_node(tmp_path: Path) -> None:
                        "instance": "node-7:9466", "run": "4242", "severity": "critical"}
     assert _render(tmp_path, _data([alert]), "title") == (
         "🔴 FIRING: TrainingNodeLost — job colossalai-node — run 4242 — node node-7:9466")
+
+
+def test_slack_title_names_a_fabric_port_and_its_node(tmp_path: Path) -> None:
+    alert = _alert("0")
+    alert["labels"] = {"alertname": "InfiniBandPortDown", "node": "node-7", "device": "mlx5_3",
+                       "port": "1", "run": "4242", "severity": "critical"}
+    assert _render(tmp_path, _data([alert]), "title") == (
+        "🔴 FIRING: InfiniBandPortDown — run 4242 — port mlx5_3/1 on node-7")
+    alert["labels"] = {"alertname": "InfiniBandPortsMissing", "node": "node-7",
+                       "severity": "critical"}
+    assert _render(tmp_path, _data([alert]), "title") == (
+        "🔴 FIRING: InfiniBandPortsMissing — node node-7")
 
 
 def test_slack_title_names_the_server_and_the_reason(tmp_path: Path) -> None:

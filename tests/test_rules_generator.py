@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.rulesgen import config as rules_config
 from colossalai_exporter.rulesgen import rules
 from colossalai_exporter.rulesgen.cli import DEFAULT_CONFIG, generate
-from conftest import REPO, run_cli
+from conftest import REPO, require_binary, run_cli
 
 
 def _render_to(tmp_path: Path, *extra: str) -> tuple[int, str]:
@@ -163,3 +164,52 @@ def test_every_clock_slowdown_reason_the_agent_exports_has_words_in_the_straggle
     from colossalai_exporter.rulesgen.gpu import SLOWDOWN_WORDS
 
     assert set(SLOWDOWN_WORDS) == set(SLOWDOWN_REASONS)
+
+
+def test_ports_missing_with_the_sites_expected_ports(tmp_path: Path) -> None:
+    """infiniband_expected_ports: 2 in an override: node-a with one of two ports active
+    and node-b, whose agent reports no RDMA port at all, fire; node-c with two do not."""
+    override = tmp_path / "site.yml"
+    override.write_text("thresholds: {infiniband_expected_ports: 2}\n")
+    files = generate(overrides=[override], rules_dir=tmp_path, kubernetes_path=None)
+    node_rules = tmp_path / "colossalai-node.rules.yml"
+    node_rules.write_text(files[node_rules])
+    state = "colossalai_infiniband_state_id"
+    spec = {
+        "rule_files": [str(node_rules)],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [
+                {"series": f'up{{job="colossalai-node",instance="{n}:9466"}}', "values": "1x20"}
+                for n in ("node-a", "node-b", "node-c")] + [
+                {"series": f'{state}{{job="colossalai-node",instance="node-a:9466",'
+                           f'device="mlx5_{d}",port="1"}}', "values": v}
+                for d, v in ((0, "4x20"), (1, "1x20"))] + [
+                {"series": f'{state}{{job="colossalai-node",instance="node-c:9466",'
+                           f'device="mlx5_{d}",port="1"}}', "values": "4x20"}
+                for d in (0, 1)],
+            "alert_rule_test": [
+                {"eval_time": "5m", "alertname": "InfiniBandPortsMissing", "exp_alerts": []},
+                {"eval_time": "15m", "alertname": "InfiniBandPortsMissing", "exp_alerts": [
+                    {"exp_labels": {"severity": "critical", "cause": "expected", "node": node},
+                     "exp_annotations": {
+                         "summary": "A node has fewer active InfiniBand or RoCE ports than it "
+                                    "should.",
+                         "description": f"{node} has {active} active RDMA ports, fewer than "
+                                        "the 2 its nodes have: an adapter missing, a port "
+                                        "never cabled or down since boot. Drain it and check "
+                                        "`ibstat` and the cables before it runs a multi-node "
+                                        "job.",
+                         "runbook_url": "https://github.com/colossalai-exporter/"
+                                        "colossalai-exporter/blob/main/docs/runbooks.md"
+                                        "#infinibandportsmissing"}}
+                    for node, active in (("node-a", 1), ("node-b", 0))]},
+            ]}],
+    }
+    test_file = tmp_path / "ports.test.yml"
+    test_file.write_text(yaml.safe_dump(spec))
+    result = subprocess.run(
+        [require_binary("promtool"), "test", "rules", str(test_file)],
+        capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -178,7 +178,7 @@ NODE: tuple[Metric, ...] = (
        "The port's physical state (2 polling: no peer, 3 disabled, 5 link up, 6 link error "
        "recovery); node_exporter's node_infiniband_physical_state_id.", ("device", "port")),
     _m("colossalai_infiniband_rate_bytes_per_second", "gauge",
-       "The port's link rate (not its traffic).", ("device", "port"), "bytes_per_second"),
+       "The port's link rate in bytes a second (not its traffic).", ("device", "port")),
     _m("colossalai_infiniband_link_downed_total", "counter",
        "Times the port's link went down (counters/link_downed).", ("device", "port")),
     _m("colossalai_infiniband_link_error_recovery_total", "counter",
@@ -661,6 +661,13 @@ def _family_classes() -> dict[str, Any]:
                                histogram=HistogramMetricFamily, info=InfoMetricFamily)
     return _FAMILY_CLASSES
 
+
+#: node_exporter's infiniband collector's series the fabric rules read besides the
+#: agent's own (rulesgen/fabric.py), with where they are defined
+NODE_EXPORTER_METRICS: dict[str, str] = dict.fromkeys(
+    ("node_infiniband_state_id", "node_infiniband_physical_state_id",
+     "node_infiniband_link_downed_total", "node_infiniband_symbol_error_total"),
+    "node_exporter collector/infiniband_linux.go")
 
 #: The inference servers' own metrics that the optional engine rules read
 #: (rulesgen/engines.py): served by the servers, not by us; each with its source.

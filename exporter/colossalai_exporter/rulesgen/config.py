@@ -83,6 +83,10 @@ class Selectors(Section, frozen=True):
     #: inference servers' own /metrics (vLLM, SGLang, TGI) for the optional engine rules
     engine: str
     bridge: str
+    #: node_exporter, whose infiniband collector the fabric rules read besides the agents'
+    node_exporter: str
+    #: which RDMA ports the fabric rules watch (leave out management NICs)
+    rdma_ports: str
 
 
 class Thresholds(Section, frozen=True):
@@ -126,6 +130,11 @@ class Thresholds(Section, frozen=True):
     gpu_nvlink_down_memory: Duration
     gpu_nvlink_error_minutes: int
     gpu_nvlink_error_window: Duration
+    infiniband_down_memory: Duration
+    infiniband_flaps: int
+    infiniband_flap_window: Duration
+    infiniband_symbol_errors_per_hour: int
+    infiniband_expected_ports: int
 
 
 class Kubernetes(Section, frozen=True):

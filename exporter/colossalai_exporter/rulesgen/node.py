@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from colossalai_exporter.rulesgen.common import INFO, RANK_UP, nodes_dashboard
 from colossalai_exporter.rulesgen.config import Duration, RulesConfig, Thresholds
+from colossalai_exporter.rulesgen.fabric import fabric
 from colossalai_exporter.rulesgen.gpu import gpu_health, gpu_xids
 from colossalai_exporter.rulesgen.model import Alert, Group, Recording, RuleFile
 from colossalai_exporter.rulesgen.promql import Selector, expr, fill, number, query, si_bytes
@@ -40,7 +41,7 @@ def node(config: RulesConfig) -> RuleFile:
         *gpu_xids(node_agents, thresholds),
         *gpu_health(node_agents, config),
     ))
-    return RuleFile("colossalai-node", (recording, alerts))
+    return RuleFile("colossalai-node", (recording, alerts, fabric(config)))
 
 
 def memory_running_out(node_agents: Selector, thresholds: Thresholds,
