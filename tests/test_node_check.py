@@ -88,6 +88,25 @@ def test_what_nvml_says_of_the_gpus_fails_the_node_with_the_action(tmp_path: Pat
     assert (code, out) == (0, "OK: 2 GPU(s)\n"), err
 
 
+def test_fewer_active_rdma_ports_than_expected_fail_the_node(tmp_path: Path) -> None:
+    """Two ports, one polling (no peer): with 2 expected the node fails naming it; without
+    an expected count the port is said and the node passes."""
+    from test_infiniband import port
+
+    sysfs = tmp_path / "ib"
+    port(sysfs, "mlx5_0", 1)
+    port(sysfs, "mlx5_1", 1, state="1: DOWN", phys="2: Polling")
+    code, out, err = run_check(tmp_path, "--infiniband.sysfs", str(sysfs),
+                               "--infiniband.expected-ports", "2")
+    assert code == 1, out + err
+    assert out.splitlines() == [
+        "FAIL: infiniband: 1 of 2 expected ports active: mlx5_1/1 not active (polling: it "
+        "sees no peer, the cable or the switch side); 2 GPU(s)"]
+    code, out, err = run_check(tmp_path, "--infiniband.sysfs", str(sysfs))
+    assert (code, out) == (0, "OK: 2 GPU(s); infiniband: mlx5_1/1 not active (polling: it "
+                              "sees no peer, the cable or the switch side)\n"), err
+
+
 def test_missing_gpus_and_a_broken_disk_fail(tmp_path: Path) -> None:
     code, out, _ = run_check(tmp_path, "--disk", f"nvme={tmp_path / 'gone'}", gpus=1,
                              expected=2)

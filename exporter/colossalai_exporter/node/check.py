@@ -11,6 +11,8 @@ runs the node agent's own checks once, on the agent's flags and config file:
   GPU of the node (a pending row remap is said, not failed on);
 * the watched disks: each path exists, is writable and answers in time (the disk
   collector's);
+* the RDMA ports (``--infiniband.sysfs``): fewer active than
+  ``--infiniband.expected-ports`` fails the node; a port not active is said;
 * the kernel log since boot: an Xid the catalog (node/gpu/xid_catalog.yml) calls
   critical fails the node until it is rebooted (the driver logs every Xid there;
   NVML only tells of new ones); warning-tier Xids are said, not failed on. A log
@@ -113,6 +115,23 @@ def check_disks(config: NodeConfig, verdict: Verdict) -> None:
     verdict.failures += [f"disk {problem['message']}" for problem in problems]
 
 
+def check_infiniband(config: NodeConfig, expected: int, verdict: Verdict) -> None:
+    """The RDMA ports: fewer active than ``expected`` fails the node (0: not checked, as
+    a port never cabled is no failure of its own); each port that is not active is said."""
+    from colossalai_exporter.node.infiniband import PHYSICAL_WORDS, read_ports
+
+    ports = read_ports(config.infiniband_sysfs)
+    active = [p for p in ports if p.state is not None and p.state >= 4]
+    down = [f"{p.device}/{p.port} not active"
+            + (f" ({PHYSICAL_WORDS[p.phys_state]})" if p.phys_state in PHYSICAL_WORDS else "")
+            for p in ports if p not in active]
+    if expected and len(active) < expected:
+        verdict.failures.append(f"infiniband: {len(active)} of {expected} expected ports "
+                                f"active" + (": " + ", ".join(down) if down else ""))
+    elif down:
+        verdict.notes.append("infiniband: " + ", ".join(down))
+
+
 def check_kernel_xids(kmsg: str, verdict: Verdict) -> None:
     log = KernelRecords(kmsg)
     try:
@@ -149,6 +168,10 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--kmsg", default="/dev/kmsg", metavar="PATH",
                         help="the kernel log to read Xids from (default /dev/kmsg; needs "
                              "CAP_SYSLOG)")
+    parser.add_argument("--infiniband.expected-ports", dest="infiniband_expected", type=int,
+                        default=0, metavar="N",
+                        help="fewer active RDMA ports than N fails the node (default 0: not "
+                             "checked; ports not active are said)")
     add_node_flags(parser)
     args = parser.parse_args(list(argv))
     config = load_config(args)
@@ -157,6 +180,8 @@ def main(argv: Sequence[str]) -> int:
         check_gpus(config, verdict)
     if config.collectors["disk"]:
         check_disks(config, verdict)
+    if config.collectors["infiniband"]:
+        check_infiniband(config, args.infiniband_expected, verdict)
     check_kernel_xids(args.kmsg, verdict)
     print(verdict.line(), flush=True)
     return UNHEALTHY if verdict.failures else HEALTHY

@@ -50,6 +50,17 @@ COUNTERS = {
     "link_error_recovery": "colossalai_infiniband_link_error_recovery_total",
     "symbol_error": "colossalai_infiniband_symbol_error_total",
 }
+#: the physical states (IBTA PortPhysicalState) a port that is not active may be in, in
+#: words (the pages' and `node check`'s)
+PHYSICAL_WORDS = {
+    1: "sleeping",
+    2: "polling: it sees no peer, the cable or the switch side",
+    3: "disabled",
+    4: "training its link",
+    5: "link up but not active: the subnet manager has not brought it up",
+    6: "in link error recovery",
+    7: "in a physical test",
+}
 _RATE = re.compile(r"^\s*([0-9.]+)\s*Gb/sec")
 
 

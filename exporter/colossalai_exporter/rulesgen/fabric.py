@@ -26,6 +26,7 @@ recorded series, not of every scrape.
 
 from __future__ import annotations
 
+from colossalai_exporter.node.infiniband import PHYSICAL_WORDS
 from colossalai_exporter.rulesgen.common import INFO, START
 from colossalai_exporter.rulesgen.config import RulesConfig, Thresholds
 from colossalai_exporter.rulesgen.model import Alert, Group, Recording
@@ -44,16 +45,6 @@ NODE_EXPORTER = {
     "colossalai_infiniband_physical_state_id": "node_infiniband_physical_state_id",
     "colossalai_infiniband_link_downed_total": "node_infiniband_link_downed_total",
     "colossalai_infiniband_symbol_error_total": "node_infiniband_symbol_error_total",
-}
-#: the physical states (IBTA PortPhysicalState) a port that is not active may be in
-PHYSICAL_WORDS = {
-    1: "sleeping",
-    2: "polling: it sees no peer, the cable or the switch side",
-    3: "disabled",
-    4: "training its link",
-    5: "link up but not active: the subnet manager has not brought it up",
-    6: "in link error recovery",
-    7: "in a physical test",
 }
 
 
