@@ -10,6 +10,7 @@ without a driver or GPUs it serves zero GPUs from NVML's standing no_driver answ
     python bench/node_scrape.py --scrapes 300
     python bench/node_scrape.py --scrapes 300 --ranks 8   # a node with 8 live ranks
     python bench/node_scrape.py --scrapes 300 --ranks 8 --gpus 8   # and 8 fake GPUs
+    python bench/node_scrape.py --scrapes 300 --ranks 8 --gpus 8 --rdma-ports 8  # and a fabric
 
 ``--ranks N`` starts N live training ranks first (a TrainingMonitor stepping every
 50 ms with a loss, a checkpoint written, the default one-second publish interval),
@@ -139,10 +140,39 @@ def with_fake_gpus(count: int, env: dict[str, str]) -> dict[str, str]:
     from gpu_helpers import fake_nvml_env, gpu
 
     scenario = Path(tempfile.mkdtemp()) / "gpus.json"
-    scenario.write_text(json.dumps({"driver_version": "550.54.15", "gpus": [
-        gpu(i, memory_used=60 * 2**30, utilization=97, temperature=61, power_mw=640_000)
+    # What an H100 SXM on a 570 driver answers: every health field the agent reads, and
+    # 18 NVLink links (each link's state is one more call a sample).
+    scenario.write_text(json.dumps({"driver_version": "570.124.06", "gpus": [
+        gpu(i, memory_used=60 * 2**30, utilization=97, temperature=61, power_mw=640_000,
+            recovery_action=0, pcie_replays=0, clock_event_reasons=0x4,
+            remapped_rows={"correctable": 0, "uncorrectable": 0, "pending": False,
+                           "failure": False},
+            nvlink={"links": 18, "errors": {"replay": 0, "recovery": 0, "crc_flit": 0,
+                                            "crc_data": 0}})
         for i in range(count)]}))
     return fake_nvml_env(scenario, env)
+
+
+def fake_rdma_sysfs(count: int) -> Path:
+    """A /sys with ``count`` active 400 Gb/s InfiniBand ports (mlx5_0/1 …), laid out as
+    the kernel's, with the device files node_exporter's collector reads as well."""
+    root = Path(tempfile.mkdtemp()) / "sys"
+    for index in range(count):
+        device = root / "class" / "infiniband" / f"mlx5_{index}"
+        device.mkdir(parents=True)
+        (device / "board_id").write_text("MT_0000000838\n")
+        (device / "fw_ver").write_text("28.39.1002\n")
+        (device / "hca_type").write_text("MT4129\n")
+        port = device / "ports" / "1"
+        (port / "counters").mkdir(parents=True)
+        for name, text in (("state", "4: ACTIVE"), ("phys_state", "5: LinkUp"),
+                           ("rate", "400 Gb/sec (4X NDR)"), ("link_layer", "InfiniBand")):
+            (port / name).write_text(text + "\n")
+        for counter in ("link_downed", "link_error_recovery", "symbol_error",
+                        "port_rcv_errors", "port_xmit_discards", "port_rcv_data",
+                        "port_xmit_data", "port_rcv_packets", "port_xmit_packets"):
+            (port / "counters" / counter).write_text("0\n")
+    return root
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -183,6 +213,24 @@ def scrape_alternately(ports: dict[str, int], headers: dict[str, str], count: in
     return timings, formats, sizes
 
 
+def commands(node_exporter: str, ours_port: int, theirs_port: int, run_dir: str,
+             rdma_ports: int, extra: list[str]) -> tuple[list[str], list[str]]:
+    """The agent's command (defaults plus two watched paths) and node_exporter's (its
+    filesystem and meminfo collectors: the same ground), each with the fake fabric."""
+    ckpt = tempfile.mkdtemp()
+    ours = [sys.executable, "-m", "colossalai_exporter", "node",
+            "--web.listen-address", f"127.0.0.1:{ours_port}", "--ranks.run-dir", run_dir,
+            "--disk", f"checkpoints={ckpt}", "--disk", "root=/", "--log.level", "warn",
+            *extra]
+    theirs = [node_exporter, f"--web.listen-address=127.0.0.1:{theirs_port}",
+              "--collector.disable-defaults", "--collector.filesystem", "--collector.meminfo"]
+    if rdma_ports:
+        sysfs = fake_rdma_sysfs(rdma_ports)
+        ours += ["--infiniband.sysfs", str(sysfs / "class" / "infiniband")]
+        theirs += [f"--path.sysfs={sysfs}", "--collector.infiniband"]
+    return ours, theirs
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scrapes", type=int, default=300)
@@ -200,6 +248,9 @@ def main() -> int:
                         help="GPUs the agent sees through the fake NVML")
     parser.add_argument("--ranks", type=int, default=0,
                         help="live training ranks on this node, read by the agent")
+    parser.add_argument("--rdma-ports", type=int, default=0,
+                        help="InfiniBand ports in a fake /sys that both exporters read "
+                             "(node_exporter with its infiniband collector on)")
     parser.add_argument("agent_args", nargs="*", help="extra flags for the agent")
     args = parser.parse_args()
     # As installed by pip, which compiles bytecode: without it, every start of a
@@ -209,7 +260,6 @@ def main() -> int:
     node_exporter = shutil.which("prometheus-node-exporter") or shutil.which("node_exporter")
     if not node_exporter:
         raise SystemExit("prometheus-node-exporter not found (apt-get install it)")
-    ckpt = tempfile.mkdtemp()
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         filter(None, [str(REPO / "exporter"), os.environ.get("PYTHONPATH")])))
     if args.gpus:
@@ -217,13 +267,8 @@ def main() -> int:
     run_dir = tempfile.mkdtemp()
     ranks = start_ranks(args.ranks, run_dir, env)
     ours_port, theirs_port = free_port(), free_port()
-    ours_cmd = [sys.executable, "-m", "colossalai_exporter", "node",
-                "--web.listen-address", f"127.0.0.1:{ours_port}", "--ranks.run-dir", run_dir,
-                "--disk", f"checkpoints={ckpt}", "--disk", "root=/",
-                "--log.level", "warn", *extra]
-    theirs_cmd = [node_exporter, f"--web.listen-address=127.0.0.1:{theirs_port}",
-                  "--collector.disable-defaults", "--collector.filesystem",
-                  "--collector.meminfo"]
+    ours_cmd, theirs_cmd = commands(node_exporter, ours_port, theirs_port, run_dir,
+                                    args.rdma_ports, extra)
     procs, starts = timed_starts({
         "colossalai-exporter node": (ours_cmd, f"http://127.0.0.1:{ours_port}/metrics"),
         "node_exporter": (theirs_cmd, f"http://127.0.0.1:{theirs_port}/metrics"),
@@ -249,7 +294,8 @@ def main() -> int:
     first = {name: statistics.median(values) for name, values in starts.items()}
     print(f"{args.scrapes} scrapes each, alternating, keep-alive, loopback, "
           f"{os.cpu_count()} cores, Accept-Encoding: {args.accept_encoding}, "
-          f"{args.ranks} live ranks, {args.gpus} GPUs (the tests' fake NVML)\n")
+          f"{args.ranks} live ranks, {args.gpus} GPUs (the tests' fake NVML), "
+          f"{args.rdma_ports} RDMA ports\n")
     print("| exporter | median scrape | p99 scrape | server CPU per scrape | peak RSS "
           "| first scrape after start (median) | series |")
     print("|---|---|---|---|---|---|---|")
