@@ -717,12 +717,14 @@ def test_an_event_handle_is_matched_by_the_address_it_holds() -> None:
 
 
 def test_nvlink_links_active_and_their_errors(make: Make, scenario: Scenario) -> None:
-    """GPU 0 has 18 links, link 3 down, and replay and CRC errors; GPU 1 all 18 up and no
-    error; GPU 2 (a PCIe board) has no NVLink and serves none of it."""
+    """GPU 0 has 18 links, link 3 down, link 4 asleep (low power: up), and replay and CRC
+    errors; GPU 1 all 18 up and no error, on a driver without the per-link state field;
+    GPU 2 (a PCIe board) has no NVLink and serves none of it."""
     scenario.write(gpus=[
-        gpu(0, nvlink={"links": 18, "inactive": [3],
+        gpu(0, nvlink={"links": 18, "inactive": [3], "asleep": [4],
                        "errors": {"replay": 7, "crc_flit": 2}}),
-        gpu(1, nvlink={"links": 18}),
+        # a driver without the per-link state field: each link asked on its own
+        gpu(1, nvlink={"links": 18, "state_field": False}),
         gpu(2),
     ])
     reg = collect_once_started(make())

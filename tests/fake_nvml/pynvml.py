@@ -68,10 +68,13 @@ What each knob mimics on real hardware:
   "pending": bool}``, before Ampere); ``pcie_replays`` (a count);
   ``clock_event_reasons`` (the nvmlClocksEventReason* bit mask: 0x8 HW slowdown,
   0x20 SW thermal, 0x40 HW thermal, 0x80 power brake, 0x4 the power cap);
-  ``nvlink`` (``{"links": 18, "inactive": [3], "errors": {"crc_flit": n, "crc_data": n,
-  "replay": n, "recovery": n}}``: the link count and the error totals over the links
-  through ``nvmlDeviceGetFieldValues``, each link's state through
-  ``nvmlDeviceGetNvLinkState``); left out, the GPU has no NVLink (0 links).
+  ``nvlink`` (``{"links": 18, "inactive": [3], "asleep": [4], "errors": {"crc_flit": n,
+  "crc_data": n, "replay": n, "recovery": n}, "state_field": true}``: the link count,
+  the error totals over the links and each link's state (``NVLINK_GET_STATE``, one
+  field a link by scope; NOT_SUPPORTED with ``"state_field": false``, as before the
+  driver had it) through ``nvmlDeviceGetFieldValues``, and each link's state through
+  ``nvmlDeviceGetNvLinkState``, where an asleep link is enabled); left out, the GPU has
+  no NVLink (0 links).
 """
 
 from __future__ import annotations
@@ -129,6 +132,7 @@ NVMLError = _real.NVMLError
 nvmlEventTypeXidCriticalError = _real.nvmlEventTypeXidCriticalError
 NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = _real.NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
 NVML_FI_DEV_NVLINK_LINK_COUNT = _real.NVML_FI_DEV_NVLINK_LINK_COUNT
+NVML_FI_DEV_NVLINK_GET_STATE = _real.NVML_FI_DEV_NVLINK_GET_STATE
 NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL = _real.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL
 NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL = _real.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL
 NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL = _real.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL
@@ -153,6 +157,7 @@ __all__ = [
     "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION",
     "NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
     "NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+    "NVML_FI_DEV_NVLINK_GET_STATE",
     "NVML_FI_DEV_NVLINK_LINK_COUNT",
     "NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
     "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
@@ -438,9 +443,19 @@ _NVLINK_ERROR_FIELDS = {
 }
 
 
-def _field(gpu: dict[str, Any], field_id: int) -> _FieldValue:
+def _field(gpu: dict[str, Any], field_id: int, scope: int) -> _FieldValue:
     unsupported = _FieldValue(field_id, NVML_ERROR_NOT_SUPPORTED, _Value())
     nvlink = gpu.get("nvlink")
+    if field_id == NVML_FI_DEV_NVLINK_GET_STATE:
+        # One link (the scope) a field; drivers before it answer NOT_SUPPORTED, as a
+        # scenario's "state_field": false does.
+        if nvlink is None or not nvlink.get("state_field", True):
+            return unsupported
+        if not 0 <= scope < int(nvlink["links"]):
+            return _FieldValue(field_id, NVML_ERROR_INVALID_ARGUMENT, _Value())
+        state = 0 if scope in nvlink.get("inactive", ()) else \
+            2 if scope in nvlink.get("asleep", ()) else 1
+        return _FieldValue(field_id, NVML_SUCCESS, _Value(uiVal=state))
     if field_id == NVML_FI_DEV_GET_GPU_RECOVERY_ACTION:
         action = gpu.get("recovery_action")
         return unsupported if action is None else _FieldValue(field_id, NVML_SUCCESS,
@@ -458,11 +473,14 @@ def _field(gpu: dict[str, Any], field_id: int) -> _FieldValue:
     return unsupported
 
 
-def nvmlDeviceGetFieldValues(handle: _Handle, field_ids: list[int]) -> list[_FieldValue]:
+def nvmlDeviceGetFieldValues(handle: _Handle,
+                             field_ids: list[int | tuple[int, int]]) -> list[_FieldValue]:
     """Like NVML: the call succeeds and each field says whether it is supported."""
     _enter("nvmlDeviceGetFieldValues", handle)
     gpu = _gpu(handle)
-    return [_field(gpu, field_id) for field_id in field_ids]
+    # As pynvml: a field is its id, or (id, scope) for one link of a per-link field.
+    pairs = [f if isinstance(f, tuple) else (f, 0) for f in field_ids]
+    return [_field(gpu, field_id, scope) for field_id, scope in pairs]
 
 
 def nvmlDeviceGetNvLinkState(handle: _Handle, link: int) -> int:
