@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from colossalai_exporter import catalogue
-from colossalai_exporter.node.base import CollectorError, FuturePending, Pending
+from colossalai_exporter.node.base import READY, CollectorError, FuturePending, Pending
 from colossalai_exporter.node.blocking import BlockingCalls
 
 if TYPE_CHECKING:
@@ -166,14 +166,21 @@ class InfinibandCollector:
         self._calls = calls or BlockingCalls("infiniband", max_threads=1)
         self._reading: Future[list[PortReading]] | None = None
 
-    def begin(self, deadline: float) -> _Read:
+    def begin(self, deadline: float) -> Pending:
+        # A node without RDMA adapters (most CPU and inference nodes): nothing to read,
+        # and no hand-over to a thread. The directory is the kernel's: a stat of it
+        # cannot hang as a counter read can.
+        if not self.root.is_dir():
+            return READY
         # A read still running (a wedged adapter) is waited for again, not doubled.
         if self._reading is None or self._reading.done():
             self._reading = self._calls.submit(read_ports, self.root)
         return _Read(self._reading, time.monotonic())
 
     def collect(self, deadline: float, pending: Pending | None = None) -> list[MetricFamily]:
-        read = pending if isinstance(pending, _Read) else self.begin(deadline)
+        read = pending if pending is not None else self.begin(deadline)
+        if not isinstance(read, _Read):
+            return port_families([])
         budget = max(0.01, min(self.timeout, deadline - read.start))
         try:
             ports = read.future.result(timeout=max(0.0, read.start + budget - time.monotonic()))
