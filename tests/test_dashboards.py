@@ -24,7 +24,7 @@ from colossalai_exporter import catalogue
 from colossalai_exporter.dashboards.cli import generate
 from colossalai_exporter.dashboards.dashboard import SCHEMA_VERSION
 from colossalai_exporter.dashboards.model import DATASOURCE, GRID_COLUMNS
-from colossalai_exporter.rulesgen import rules
+from colossalai_exporter.rulesgen import fabric, rules
 from colossalai_exporter.rulesgen.names import metric_names
 from conftest import REPO, require_binary, run_cli
 from grafana_render import jsonmodel
@@ -251,9 +251,11 @@ def test_queries_use_only_catalogued_metrics_and_existing_recording_rules() -> N
     # the dashboards reuse the recording rules made for them (the per-rank 5m step
     # rate is drawn as a rate over $__rate_interval instead: it shows a stall sooner;
     # the kept seconds per rank are the goodput ratio's numerator, drawn as the ratio,
-    # and the checkpointed seconds' increase is the kept seconds' own intermediate)
+    # and the checkpointed seconds' increase is the kept seconds' own intermediate; the
+    # ports' state id is drawn through the active-or-not rule made from it)
     intermediate = {rules.STEP_RATE, *(rules.kept_seconds(w) for w in rules.GOODPUT_WINDOWS),
-                    *(rules.checkpointed_increase(w) for w in rules.GOODPUT_WINDOWS)}
+                    *(rules.checkpointed_increase(w) for w in rules.GOODPUT_WINDOWS),
+                    fabric.STATE}  # the ports' state, drawn as active or not
     assert used & _recording_rules() == _recording_rules() - intermediate
 
 

@@ -1,4 +1,4 @@
-"""ColossalAI nodes: GPUs, host memory, checkpoint and offload disks, rendezvous, collectors.
+"""ColossalAI nodes: GPUs, host memory, disks, rendezvous, the fabric, collectors.
 
 Variables ``job`` and ``instance`` match the node alerts' links; ``gpu``
 narrows the GPU panels. The job list comes from the rules' node selector.
@@ -18,7 +18,7 @@ from colossalai_exporter.dashboards.model import (
     table,
     timeseries,
 )
-from colossalai_exporter.rulesgen import rules
+from colossalai_exporter.rulesgen import fabric, rules
 from colossalai_exporter.rulesgen.config import RulesConfig
 from colossalai_exporter.rulesgen.promql import Selector, number, si_bytes
 
@@ -163,6 +163,38 @@ def rendezvous_row() -> Row:
     ))
 
 
+def fabric_row() -> Row:
+    # The recorded port series carry the node (both exporters' instance without its
+    # port), not the agent's instance: the first two panels show the whole fleet's
+    # ports that are down, the third the selected agents' own counters.
+    down = f"{fabric.ACTIVE} == 0"
+    return Row("Fabric (InfiniBand, RoCE)", (
+        stat("RDMA ports active",
+             "Ports active now, from the node agents' infiniband collector or "
+             "node_exporter's, whichever runs (recording rule, one series a port).",
+             Query(f"sum({fabric.ACTIVE})", "active"),
+             Query(f"count({down}) or 0 * count({fabric.ACTIVE})", "not active"), w=6,
+             decimals=0),
+        table("Ports not active",
+              "Every port not active now, with its physical state (2 polling: no peer, "
+              "the cable or the switch side; 3 disabled; 5 link up: the subnet manager). "
+              "One that was active within a day is InfiniBandPortDown.",
+              Query(f"{fabric.PHYSICAL_STATE} and on (node, device, port) ({down})",
+                    table=True), w=9),
+        timeseries("Link downs and symbol errors",
+                   "Each port's link going down (a drop or a flap) and symbol errors, "
+                   "from the selected node agents.",
+                   Query("sum by (instance, device, port) (increase("
+                         f"{N('colossalai_infiniband_link_downed_total')}"
+                         "[$__rate_interval]))", "{{instance}} {{device}}/{{port}} down"),
+                   Query("sum by (instance, device, port) (increase("
+                         f"{N('colossalai_infiniband_symbol_error_total')}"
+                         "[$__rate_interval]))",
+                         "{{instance}} {{device}}/{{port}} symbol errors"),
+                   w=9, bars=True, min=0, decimals=0),
+    ))
+
+
 def collector_row() -> Row:
     return Row("Collectors", (
         state_timeline("Collector up",
@@ -199,7 +231,7 @@ def build(config: RulesConfig) -> Dashboard:
                                    multi=True, numeric=True, all_value=".*"),
         ),
         rows=(status_row(config), gpu_row(config), host_row(config), disk_row(config),
-              rendezvous_row(), collector_row()),
+              rendezvous_row(), fabric_row(), collector_row()),
         alerts_annotation='ALERTS{alertstate="firing", job=~"$job", instance=~"$instance"}',
         tags=("nodes",),
     )
