@@ -20,8 +20,8 @@ whichever a site runs, and page once where it runs both.
 * InfiniBandPortsMissing: fewer active ports on a node than
   ``infiniband_expected_ports`` (gpud: 8 for H100 and H200 nodes); off at 0.
 
-The group runs every minute: the 24 h memory reads a day of the one-minute
-recorded series, not of every scrape.
+The group runs every minute (``infiniband_evaluation_interval``): the 24 h memory
+reads a day of the one-minute recorded series, not of every scrape.
 """
 
 from __future__ import annotations
@@ -143,7 +143,7 @@ def fabric(config: RulesConfig) -> Group:
             "transceiver at the next drain.",
             ),
         *ports_missing(ports, th),
-    ), interval="1m")
+    ), interval=str(th.infiniband_evaluation_interval))
 
 
 def _increase(window: object) -> str:
