@@ -107,6 +107,25 @@ def test_fewer_active_rdma_ports_than_expected_fail_the_node(tmp_path: Path) -> 
                               "sees no peer, the cable or the switch side)\n"), err
 
 
+def test_an_adapter_that_never_answers_fails_the_node_in_time(tmp_path: Path) -> None:
+    """A counter read that blocks (a FIFO nobody writes, as a wedged adapter's firmware):
+    the check still prints its one line and exits 1 within its scrape timeout."""
+    import os
+
+    from test_infiniband import port
+
+    sysfs = tmp_path / "ib"
+    counter = port(sysfs, "mlx5_0", 1) / "counters" / "link_downed"
+    counter.unlink()
+    os.mkfifo(counter)
+    code, out, err = run_check(tmp_path, "--infiniband.sysfs", str(sysfs),
+                               "--scrape.timeout", "1")
+    assert code == 1, out + err
+    assert out.splitlines() == [
+        f"FAIL: infiniband: reading {sysfs} took over 1s (an adapter's firmware not "
+        "answering?); 2 GPU(s)"]
+
+
 def test_missing_gpus_and_a_broken_disk_fail(tmp_path: Path) -> None:
     code, out, _ = run_check(tmp_path, "--disk", f"nvme={tmp_path / 'gone'}", gpus=1,
                              expected=2)

@@ -18,7 +18,8 @@ runs the node agent's own checks once, on the agent's flags and config file:
   NVML only tells of new ones); warning-tier Xids are said, not failed on. A log
   this process cannot read (no CAP_SYSLOG) is said, not failed on.
 
-Never waits longer than ``--scrape.timeout`` plus the kernel log's read.
+Never waits longer than ``--scrape.timeout`` (for the GPUs, the disks and the RDMA
+ports each) plus the kernel log's read.
 """
 
 from __future__ import annotations
@@ -118,9 +119,24 @@ def check_disks(config: NodeConfig, verdict: Verdict) -> None:
 def check_infiniband(config: NodeConfig, expected: int, verdict: Verdict) -> None:
     """The RDMA ports: fewer active than ``expected`` fails the node (0: not checked, as
     a port never cabled is no failure of its own); each port that is not active is said."""
+    from concurrent.futures import TimeoutError as FutureTimeout
+
+    from colossalai_exporter.node.blocking import BlockingCalls
     from colossalai_exporter.node.infiniband import PHYSICAL_WORDS, read_ports
 
-    ports = read_ports(config.infiniband_sysfs)
+    # A counter read asks the adapter's firmware, and a wedged adapter never answers:
+    # read on a daemon thread, so the check still prints its line and exits in time.
+    calls = BlockingCalls("infiniband-check", max_threads=1)
+    try:
+        ports = calls.submit(read_ports, config.infiniband_sysfs).result(
+            timeout=config.scrape_timeout)
+    except FutureTimeout:
+        verdict.failures.append(f"infiniband: reading {config.infiniband_sysfs} took over "
+                                f"{config.scrape_timeout:g}s (an adapter's firmware not "
+                                "answering?)")
+        return
+    finally:
+        calls.shutdown()
     active = [p for p in ports if p.state is not None and p.state >= 4]
     down = [f"{p.device}/{p.port} not active"
             + (f" ({PHYSICAL_WORDS[p.phys_state]})" if p.phys_state in PHYSICAL_WORDS else "")
