@@ -162,7 +162,8 @@ def test_eight_gpus_stay_within_the_series_budget_and_lint_clean(scenario: Scena
     text = exposition(collector.collect(time.monotonic() + 2))
     lines = series(text)
     assert len(lines) <= 120, len(lines)
-    assert len(lines) == 2 + 8 * 13  # devices, expected; 13 a GPU with ECC and one Xid code
+    # devices, expected; 14 a GPU with ECC and one Xid code (its count and its boots)
+    assert len(lines) == 2 + 8 * 14
     served = {line.split("{")[0].split(" ")[0] for line in lines}
     assert served <= catalogue.known_sample_names()
     promtool = require_binary("promtool")
@@ -502,6 +503,40 @@ def test_xid_events_are_classified_by_the_catalog_and_outlive_a_lost_gpu(
                                     "action": "restart_job",
                                     "what": "graphics engine exception (often an illegal "
                                             "memory access in the job)"}) == 2
+
+
+def test_an_xid_back_after_a_reboot_is_counted_by_the_gpus_uuid(
+        scenario: Scenario, make: Make, tmp_path: Path) -> None:
+    """Boot A: Xid 48 on GPU 1, written to the state directory. Boot B (another boot
+    id, a new agent): the same GPU, now at index 0, has Xid 48 again: seen in 2 boots.
+    GPU 1 of boot B (another board) has its first 48: 1."""
+    from colossalai_exporter.node.gpu.xid_history import FILE_NAME, XidBoots
+
+    state = tmp_path / "state"
+    scenario.write(gpus=[gpu(0), gpu(1)])
+    first = make(xid_boots=XidBoots(state, "boot-a"))
+    collect(first)
+    scenario.update(xid=[{"id": 1, "gpu": 1, "code": 48}])
+    boots = {"gpu": "1", "xid": "48"}
+    wait_until(lambda: collect(first).get_sample_value("colossalai_gpu_xid_boots", boots) == 1,
+               timeout=10, what="Xid 48 counted in boot A")
+    wait_until(lambda: (state / FILE_NAME).is_file()
+               and "boot-a" in (state / FILE_NAME).read_text(), timeout=10,
+               what="the history written")
+    first.close()
+
+    moved = gpu(1)["uuid"]
+    scenario.write(gpus=[gpu(0, uuid=moved), gpu(1, uuid="GPU-another-board")])
+    second = make(xid_boots=XidBoots(state, "boot-b"))
+    collect(second)
+    scenario.update(xid=[{"id": 2, "gpu": 0, "code": 48}, {"id": 3, "gpu": 1, "code": 48}])
+
+    def counted() -> tuple[float | None, float | None]:
+        reg = collect(second)
+        return (reg.get_sample_value("colossalai_gpu_xid_boots", {"gpu": "0", "xid": "48"}),
+                reg.get_sample_value("colossalai_gpu_xid_boots", {"gpu": "1", "xid": "48"}))
+
+    wait_until(lambda: counted() == (2, 1), timeout=10, what="Xid 48 back on the same GPU")
 
 
 def test_the_ranks_on_each_gpu_are_named_and_kept_while_the_gpu_is_lost(

@@ -108,6 +108,10 @@ def test_common_hardening_and_wiring(path: Path, command: str) -> None:
 
 def test_node_agent_sees_pids_shm_gpus_and_true_mount_flags() -> None:
     unit = parse_unit(NODE.read_text())
+    # the Xid history outlives reboots in the unit's own state directory
+    assert value(unit, "StateDirectory") == "colossalai-exporter/node"
+    (exec_start,) = values(unit, "ExecStart")
+    assert "--state.dir=/var/lib/colossalai-exporter/node" in shlex.split(exec_start)
     # the ranks collector checks other users' pids and the host collector reads
     # /proc/meminfo: /proc must stay whole
     assert not values(unit, "ProtectProc") and not values(unit, "ProcSubset")

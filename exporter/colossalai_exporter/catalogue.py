@@ -153,6 +153,10 @@ NODE: tuple[Metric, ...] = (
        "A training rank of this node whose process ran on the GPU within the last hour "
        "(NVML's compute processes matched to the ranks' pids); kept while the GPU is "
        "lost, so that a GPU fault's page names the ranks it took down.", ("gpu", "rank")),
+    _m("colossalai_gpu_xid_boots", "gauge",
+       "Boots of this node in which the Xid code was seen on this GPU (by UUID), this one "
+       "included, for the codes seen in this boot: 2 or more is an Xid back after a "
+       "reboot (kept in the state directory, --state.dir).", ("gpu", "xid")),
     _m("colossalai_gpu_last_xid", "gauge",
        "Code of the last critical Xid event seen on the GPU (48, 79 … are usually fatal); "
        "absent until one is seen.", ("gpu",)),

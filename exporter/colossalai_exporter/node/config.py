@@ -19,6 +19,7 @@ Example ``node.yml`` (every key optional)::
       run_dir: /dev/shm/colossalai-exporter
     infiniband:
       sysfs: /sys/class/infiniband
+    state_dir: /var/lib/colossalai-exporter
 
 Environment: ``CHECKPOINT_DIR`` and ``NVME_PATH`` (the tutorial's) name the
 default disks, ``MASTER_ADDR``/``MASTER_PORT`` the default rendezvous target.
@@ -76,6 +77,9 @@ class NodeConfig:
     nccl_timeout: float = 3.0
     #: where the RDMA devices are (a fake tree in tests)
     infiniband_sysfs: str = "/sys/class/infiniband"
+    #: where the agent keeps what must outlive a reboot (which boots saw each GPU's Xids);
+    #: None: nothing kept
+    state_dir: str | None = None
 
 
 def parse_disk(spec: str, mount_point: bool = False) -> WatchedPath:
@@ -150,6 +154,7 @@ class NodeFile(DaemonFile, frozen=True):
     ranks: RanksSection = RanksSection()
     nccl: NcclSection = NcclSection()
     infiniband: InfinibandSection = InfinibandSection()
+    state_dir: ConfigPath | None = None
 
 
 def apply_file(config: NodeConfig, file: NodeFile, source: str) -> None:
@@ -179,6 +184,8 @@ def apply_file(config: NodeConfig, file: NodeFile, source: str) -> None:
                                         f"{source}: nccl.timeout_seconds")
     if file.infiniband.sysfs is not None:
         config.infiniband_sysfs = str(file.infiniband.sysfs)
+    if file.state_dir is not None:
+        config.state_dir = str(file.state_dir)
 
 
 def _count(value: Any, where: str) -> int:
@@ -220,6 +227,10 @@ def add_node_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rendezvous.timeout", dest="rendezvous_timeout", type=float,
                         default=None, metavar="SECONDS",
                         help="deadline for one rendezvous connect (default 2)")
+    parser.add_argument("--state.dir", dest="state_dir", default=None, metavar="PATH",
+                        help="where to keep what must outlive a reboot: the boots each "
+                             "GPU's Xids were seen in (e.g. /var/lib/colossalai-exporter; "
+                             "default: nothing kept)")
     parser.add_argument("--infiniband.sysfs", dest="infiniband_sysfs", default=None,
                         metavar="PATH",
                         help="where the RDMA devices are (default /sys/class/infiniband)")
@@ -257,6 +268,8 @@ def apply_flags(config: NodeConfig, args: argparse.Namespace) -> None:
         config.ranks_run_dir = args.ranks_run_dir
     if args.infiniband_sysfs is not None:
         config.infiniband_sysfs = args.infiniband_sysfs
+    if args.state_dir is not None:
+        config.state_dir = args.state_dir
     if args.gpu_timeout is not None:
         config.gpu_timeout = _positive(args.gpu_timeout, "--gpu.timeout")
     if args.scrape_timeout is not None:

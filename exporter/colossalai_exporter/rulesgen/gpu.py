@@ -68,6 +68,17 @@ def xid_action_words() -> str:
     return chain + "{{ else }}" + fallback + "{{ end }}"
 
 
+def xid_after_reboot() -> str:
+    """" It came back after a reboot: seen in 2 boots …" where the agent's state directory
+    shows the GPU had the same code in an earlier boot (node/gpu/xid_history.py)."""
+    boots = printf_query(
+        matching("colossalai_gpu_xid_boots", ("job", "instance", "gpu", "xid"), " >= 2"),
+        "$labels.job $labels.instance $labels.gpu $labels.xid")
+    return (f"{{{{ with {boots} }}}}{{{{ with first . }}}} It came back after a reboot: seen "
+            'in {{ .Value | printf "%.0f" }} boots of this node, so the reboot did not fix '
+            "it: replace the GPU (RMA).{{ end }}{{ end }}")
+
+
 def xid_ranks() -> str:
     """" Ranks on this GPU: 5." where the agent saw which ranks ran on the GPU (NVML's
     processes), else " Ranks of this run on the node: 0 1 2 3." for an alert with a
@@ -109,7 +120,8 @@ def gpu_xids(node_agents: Selector, thresholds: Thresholds) -> tuple[Alert, ...]
             "GPUXidCritical", critical, "critical",
             "A GPU reported an Xid error that needs the node drained.",
             fill("GPU [[$gpu]] on [[$instance]]: Xid [[$xid]], [[$what]] — [[action]]."
-                 "[[ranks]]", action=xid_action_words(), ranks=xid_ranks()),
+                 "[[reboots]][[ranks]]", action=xid_action_words(), reboots=xid_after_reboot(),
+                 ranks=xid_ranks()),
             nodes_dashboard()),
         Alert(
             "GPUXidWarning",

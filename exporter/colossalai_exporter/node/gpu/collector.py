@@ -54,6 +54,7 @@ from colossalai_exporter.node.gpu.protocol import (
     XidEvent,
 )
 from colossalai_exporter.node.gpu.worker import Worker
+from colossalai_exporter.node.gpu.xid_history import XidBoots, current_boot_id
 
 if TYPE_CHECKING:
     import asyncio
@@ -183,7 +184,8 @@ class GpuCollector:
                  max_stuck_workers: int = 3, worker: Worker | None = None,
                  no_driver_recheck: float = 10.0,
                  dev_root: str | os.PathLike[str] = "/dev",
-                 local_ranks: Callable[[], dict[int, int]] | None = None) -> None:
+                 local_ranks: Callable[[], dict[int, int]] | None = None,
+                 xid_boots: XidBoots | None = None) -> None:
         """``worker``: one already started (the agent starts it before it imports the
         rest, to boot meanwhile); by default the collector starts its own.
         ``local_ranks``: pid -> training rank of the node's live ranks (the ranks
@@ -218,6 +220,10 @@ class GpuCollector:
         # (gpu, rank) -> when a reading last found the rank's process on the GPU
         self._gpu_ranks: dict[tuple[int, int], float] = {}
         self._last_xid: dict[int, XidEvent] = {}
+        # In which boots each GPU's codes were seen (by UUID), and each index's UUID as the
+        # last reading that had it said (a GPU lost since keeps its last one).
+        self._xid_boots = xid_boots or XidBoots(None, current_boot_id())
+        self._uuids: dict[int, str] = {}
         if worker is not None:
             self._worker = worker
         else:
@@ -375,6 +381,8 @@ class GpuCollector:
             return None
         assert isinstance(payload, Reading)
         worker.ready = True
+        for gpu in payload.gpus:
+            self._uuids[gpu.index] = gpu.uuid
         self._count_xids(payload.xids)
         if request_id != worker.pending:
             return None
@@ -401,10 +409,19 @@ class GpuCollector:
                                        f"worker (pid {worker.pid}) was killed and {then}")
 
     def _count_xids(self, events: tuple[XidEvent, ...]) -> None:
+        changed = False
         for event in events:
             key = (event.gpu, event.code)
             self._xid_codes[key] = self._xid_codes.get(key, 0) + 1
             self._last_xid[event.gpu] = event
+            uuid = self._uuids.get(event.gpu)
+            if uuid is not None:
+                changed |= self._xid_boots.seen(uuid, event.code)
+        if changed:
+            # Rare (a code's first event on a GPU in a boot); off the scrape's path, as
+            # the state directory's disk may be slow.
+            threading.Thread(target=self._xid_boots.save, name="xid-boots",
+                             daemon=True).start()
 
     # -- families -------------------------------------------------------------
     def _history(self) -> list[MetricFamily]:
@@ -420,6 +437,13 @@ class GpuCollector:
                 events.add_metric([str(gpu), str(code), kind.tier, kind.action, kind.what],
                                   count)
             families.append(events)
+            boots = catalogue.gauge("colossalai_gpu_xid_boots")
+            for gpu, code in sorted(self._xid_codes):
+                uuid = self._uuids.get(gpu)
+                if uuid is not None:
+                    boots.add_metric([str(gpu), str(code)],
+                                     self._xid_boots.boots(uuid, code))
+            families.append(boots)
         forget = time.time() - GPU_RANK_MEMORY_SECONDS
         self._gpu_ranks = {key: seen for key, seen in self._gpu_ranks.items() if seen >= forget}
         if self._gpu_ranks:
@@ -572,4 +596,5 @@ def from_config(config: NodeConfig, built: Built) -> GpuCollector:
     ranks = cast("RanksCollector | None", built.collectors.get("ranks"))
     return GpuCollector(timeout=config.gpu_timeout, expected=config.gpu_expected,
                         worker=built.gpu_worker,
-                        local_ranks=ranks.local_pids if ranks is not None else None)
+                        local_ranks=ranks.local_pids if ranks is not None else None,
+                        xid_boots=XidBoots(config.state_dir, current_boot_id()))
