@@ -140,6 +140,15 @@ def test_a_gpu_that_needs_action_mutes_its_own_warnings() -> None:
     assert set(GPU_CAUSE_ALERTS) | set(GPU_WARNING_ALERTS) <= alert_names()
 
 
+def test_an_xid_mutes_the_ecc_counters_page_of_its_gpu() -> None:
+    from colossalai_exporter.rulesgen.gpu import ECC_ALERT
+
+    assert {
+        "source_matchers": ['alertname="GPUXidCritical"'],
+        "target_matchers": [f'alertname="{ECC_ALERT}"'],
+        "equal": ["job", "instance", "gpu"]} in _config()["inhibit_rules"]
+
+
 def test_a_port_down_mutes_its_nodes_other_fabric_alerts() -> None:
     from colossalai_exporter.rulesgen.fabric import FABRIC_CAUSE, FABRIC_SYMPTOMS
 

@@ -751,6 +751,23 @@ def test_an_event_handle_is_matched_by_the_address_it_holds() -> None:
     assert _handle_key(other) != _handle_key(kept)
 
 
+def test_ecc_errors_since_the_driver_loaded_by_location(make: Make,
+                                                        scenario: Scenario) -> None:
+    """GPU 0 splits its volatile ECC counts by DRAM and SRAM; GPU 1 (an older driver)
+    cannot, and serves none of them."""
+    scenario.write(gpus=[
+        gpu(0, ecc_locations={"dram": {"corrected": 7}, "sram": {"uncorrected": 1}}),
+        gpu(1),
+    ])
+    reg = collect_once_started(make())
+    value = reg.get_sample_value
+    name = "colossalai_gpu_ecc_volatile_errors_total"
+    assert value(name, {"gpu": "0", "type": "corrected", "location": "dram"}) == 7
+    assert value(name, {"gpu": "0", "type": "uncorrected", "location": "sram"}) == 1
+    assert value(name, {"gpu": "0", "type": "uncorrected", "location": "dram"}) == 0
+    assert value(name, {"gpu": "1", "type": "corrected", "location": "dram"}) is None
+
+
 def test_nvlink_links_active_and_their_errors(make: Make, scenario: Scenario) -> None:
     """GPU 0 has 18 links, link 3 down, link 4 asleep (low power: up), and replay and CRC
     errors; GPU 1 all 18 up and no error, on a driver without the per-link state field;

@@ -301,6 +301,9 @@ def test_real_nvml_reads_the_gpus_health_fields() -> None:
             assert links > 0
             assert 0 <= active <= links
         assert all(count >= 0 for _, count in gpu.nvlink_errors or ())
+        assert all(count >= 0 for _, _, count in gpu.ecc_volatile or ())
+        if "H100" in gpu.name or "H200" in gpu.name:  # Hopper splits ECC by location
+            assert gpu.ecc_volatile is not None, gpu
         if "H100" in gpu.name or "H200" in gpu.name:
             assert gpu.remapped_rows is not None, gpu
             driver_major = int(reading.driver_version.split(".")[0])

@@ -125,6 +125,9 @@ NODE: tuple[Metric, ...] = (
     _m("colossalai_gpu_pcie_replays_total", "counter",
        "PCIe replays since the driver loaded: link-level retries (a marginal slot, riser "
        "or cable).", ("gpu",)),
+    _m("colossalai_gpu_ecc_volatile_errors_total", "counter",
+       "ECC errors since the driver loaded (NVML's volatile counters), by type corrected|"
+       "uncorrected and location dram|sram (Volta and later).", ("gpu", "type", "location")),
     _m("colossalai_gpu_nvlink_links", "gauge",
        "NVLink links the GPU has (NVML's link count); absent on a GPU without NVLink.",
        ("gpu",)),

@@ -68,8 +68,10 @@ What each knob mimics on real hardware:
   "pending": bool}``, before Ampere); ``pcie_replays`` (a count);
   ``clock_event_reasons`` (the nvmlClocksEventReason* bit mask: 0x8 HW slowdown,
   0x20 SW thermal, 0x40 HW thermal, 0x80 power brake, 0x4 the power cap);
-  ``nvlink`` (``{"links": 18, "inactive": [3], "asleep": [4], "errors": {"crc_flit": n,
-  "crc_data": n, "replay": n, "recovery": n}, "state_field": true}``: the link count,
+  ``ecc_locations`` (``{"dram": {"corrected": n, "uncorrected": n}, "sram": {…}}``:
+  ``nvmlDeviceGetMemoryErrorCounter`` by location); ``nvlink`` (``{"links": 18,
+  "inactive": [3], "asleep": [4], "errors": {"crc_flit": n, "crc_data": n, "replay": n,
+  "recovery": n}, "state_field": true}``: the link count,
   the error totals over the links and each link's state (``NVLINK_GET_STATE``, one
   field a link by scope; NOT_SUPPORTED with ``"state_field": false``, as before the
   driver had it) through ``nvmlDeviceGetFieldValues``, and each link's state through
@@ -126,6 +128,8 @@ NVML_ERROR_TIMEOUT = _real.NVML_ERROR_TIMEOUT
 NVML_ERROR_UNINITIALIZED = _real.NVML_ERROR_UNINITIALIZED
 NVML_MEMORY_ERROR_TYPE_CORRECTED = _real.NVML_MEMORY_ERROR_TYPE_CORRECTED
 NVML_MEMORY_ERROR_TYPE_UNCORRECTED = _real.NVML_MEMORY_ERROR_TYPE_UNCORRECTED
+NVML_MEMORY_LOCATION_DRAM = _real.NVML_MEMORY_LOCATION_DRAM
+NVML_MEMORY_LOCATION_SRAM = _real.NVML_MEMORY_LOCATION_SRAM
 NVML_TEMPERATURE_GPU = _real.NVML_TEMPERATURE_GPU
 NVML_VOLATILE_ECC = _real.NVML_VOLATILE_ECC
 NVMLError = _real.NVMLError
@@ -163,6 +167,8 @@ __all__ = [
     "NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
     "NVML_MEMORY_ERROR_TYPE_CORRECTED",
     "NVML_MEMORY_ERROR_TYPE_UNCORRECTED",
+    "NVML_MEMORY_LOCATION_DRAM",
+    "NVML_MEMORY_LOCATION_SRAM",
     "NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR",
     "NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS",
     "NVML_SUCCESS",
@@ -371,6 +377,21 @@ def nvmlDeviceGetTotalEccErrors(handle: _Handle, error_type: int, counter_type: 
     if error_type == NVML_MEMORY_ERROR_TYPE_UNCORRECTED:
         return int(ecc.get("uncorrected", 0))
     raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+
+
+def nvmlDeviceGetMemoryErrorCounter(handle: _Handle, error_type: int, counter_type: int,
+                                    location: int) -> int:
+    """``ecc_locations``: ``{"dram": {"corrected": n, "uncorrected": n}, "sram": {…}}``;
+    NOT_SUPPORTED without it (a GPU or driver that does not split by location)."""
+    _enter("nvmlDeviceGetMemoryErrorCounter", handle)
+    counts = _value(handle, "ecc_locations")
+    where = {NVML_MEMORY_LOCATION_DRAM: "dram", NVML_MEMORY_LOCATION_SRAM: "sram"}.get(location)
+    kind = {NVML_MEMORY_ERROR_TYPE_CORRECTED: "corrected",
+            NVML_MEMORY_ERROR_TYPE_UNCORRECTED: "uncorrected"}.get(error_type)
+    if where is None or kind is None or counter_type not in (NVML_AGGREGATE_ECC,
+                                                              NVML_VOLATILE_ECC):
+        raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
+    return int(counts.get(where, {}).get(kind, 0))
 
 
 @dataclass(frozen=True)

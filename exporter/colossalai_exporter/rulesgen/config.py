@@ -127,6 +127,7 @@ class Thresholds(Section, frozen=True):
     gpu_pcie_replays_per_minute: float
     gpu_clock_slowdown_share: float
     gpu_clock_slowdown_window: Duration
+    gpu_sram_corrected_errors: int
     gpu_nvlink_down_memory: Duration
     gpu_nvlink_error_minutes: int
     gpu_nvlink_error_window: Duration

@@ -42,7 +42,11 @@ XID_EVENTS = "colossalai_gpu_xid_events_total"
 GPU_CAUSE_ALERTS = ("GPUXidCritical", "GPURecoveryActionRequired", "GPURowRemapFailure",
                     "GPUNVLinkDown")
 GPU_WARNING_ALERTS = ("GPUXidWarning", "GPUXidRecurring", "GPURowRemapPending",
-                      "GPURetiredPagesHigh", "GPUNVLinkErrors")
+                      "GPURetiredPagesHigh", "GPUNVLinkErrors", "GPUSramErrorsHigh")
+# An uncorrectable ECC error is what Xid 48, 94 and 95 report too: the Xid's page, with
+# its code, is the one; the counter pages alone where the agent missed the event (it
+# was restarted after it).
+ECC_ALERT = "GPUEccUncorrectable"
 # "GPU recovery action changed" (driver 570 and later): its action is "read the GPU's
 # recovery action and do what it says". Where the agent reads that action
 # (colossalai_gpu_recovery_action_info), GPURecoveryActionRequired says it, with
@@ -206,6 +210,42 @@ def nvlink_down(node_agents: Selector, th: Thresholds) -> Alert:
         nodes_dashboard())
 
 
+def ecc_errors(node_agents: Selector, th: Thresholds) -> tuple[Alert, Alert]:
+    """GPUEccUncorrectable: an uncorrectable ECC error since the driver loaded, in the
+    HBM or on chip (healthagent: any is an error; NHC fails an H100 on one in SRAM); it
+    stays until the GPU is reset. Muted under GPUXidCritical of its GPU (Xid 48, 94, 95
+    say the same with the code). GPUSramErrorsHigh: many correctable SRAM errors (NHC's
+    H100 limit, 10,000), which ends in uncorrectable ones."""
+    ecc = "colossalai_gpu_ecc_volatile_errors_total"
+    uncorrected = with_node_run(
+        f"sum without (location) ({node_agents(ecc, label_is('type', 'uncorrected'))}) > 0",
+        node_agents)
+    locations = printf_query(f'{ecc}{{job=%q,instance=%q,gpu=%q,type="uncorrected"}} > 0',
+                             "$labels.job $labels.instance $labels.gpu")
+    return (
+        Alert(
+            "GPUEccUncorrectable", uncorrected,
+            "critical", "A GPU had an uncorrectable ECC error since its driver loaded.",
+            fill("GPU [[$gpu]] on [[$instance]]: {{ $value | printf \"%.0f\" }} "
+                 "uncorrectable ECC error(s) since the driver loaded (in "
+                 "{{ range $i, $s := " + locations + ' | sortByLabel "location" }}'
+                 "{{ if $i }}, {{ end }}"
+                 "{{ $s.Labels.location }}{{ end }}) — drain the node and reset the GPU; "
+                 "if it comes back, replace the GPU.[[ranks]]", ranks=xid_ranks()),
+            nodes_dashboard()),
+        Alert(
+            "GPUSramErrorsHigh",
+            f"{node_agents(ecc, label_is('type', 'corrected'), label_is('location', 'sram'))}"
+            f"\n  > {th.gpu_sram_corrected_errors}",
+            "warning", "A GPU's on-chip memory (SRAM) corrects many errors.",
+            fill("GPU [[$gpu]] on [[$instance]]: {{ $value | printf \"%.0f\" }} correctable "
+                 "SRAM errors since the driver loaded (over [[limit]]): on-chip memory "
+                 "failing; drain the node at the next chance and replace the GPU if it "
+                 "keeps counting after a reset.", limit=th.gpu_sram_corrected_errors),
+            nodes_dashboard()),
+    )
+
+
 def nvlink_errors(node_agents: Selector, th: Thresholds) -> Alert:
     """GPUNVLinkErrors: NVLink error counters that keep rising (NVRx's windowed test).
     Counters alone warn; they do not page (DCGM dropped its BER checks as false
@@ -249,6 +289,7 @@ def gpu_health(node_agents: Selector, config: RulesConfig) -> tuple[Alert, ...]:
                  ranks=xid_ranks()),
             nodes_dashboard()),
         nvlink_down(node_agents, th),
+        *ecc_errors(node_agents, th),
         Alert(
             "GPURowRemapPending", node_agents("colossalai_gpu_row_remap_pending") + " == 1",
             "warning", "A GPU has a row remap waiting for its next reset.",

@@ -57,7 +57,8 @@ __all__ = [
 SPECIFIC_CAUSE_ALERTS = ("GeminiOutOfMemory", "KernelBuildFailed", "CheckpointFailing",
                          "CheckpointStuck", "TrainingRankOOMKilled", "TrainingNodeLost",
                          "GPUXidCritical", "GPURecoveryActionRequired", "GPURowRemapFailure",
-                         "GPUNVLinkDown", "InfiniBandPortDown", "InfiniBandPortsMissing")
+                         "GPUNVLinkDown", "GPUEccUncorrectable", "InfiniBandPortDown",
+                         "InfiniBandPortsMissing")
 # Causes named from the outside (who a hang waits for; a run that keeps restarting): they
 # explain the stalls and rank-downs that follow, and a specific cause explains them.
 GENERAL_CAUSE_ALERTS = ("TrainingHangSuspect", "TrainingRestartLoop")

@@ -1,6 +1,6 @@
 """A GPU's own health verdicts, as NVML reports them: what to do, from the driver.
 
-Five signals the operators' tools agree on (../shared/research/health-signals-2026-12.md
+Six signals the operators' tools agree on (../shared/research/health-signals-2026-12.md
 §1.3), each served only where the GPU and driver have it:
 
 * the **recovery action** NVML asks for (driver >= 570; NVRx, Azure's health agent
@@ -10,6 +10,9 @@ Five signals the operators' tools agree on (../shared/research/health-signals-20
   and a remap that failed (the GPU has run out of spare rows: replace it);
 * **page retirement** (before Ampere): pages retired for single- and double-bit
   errors, and a retirement pending until the next reboot;
+* **ECC errors since the driver loaded, by location**: DRAM (the HBM) and SRAM (on-chip
+  caches and register files); an uncorrectable one needs a reset, many correctable
+  SRAM errors a replacement (NHC's H100 limits);
 * **NVLink**: the links a GPU has and how many are active (one down cuts the GPU's
   collectives to a slower path or breaks them), and the links' error counters summed
   over the links (CRC, replay, recovery: DCGM's and NVRx's), per GPU rather than per
@@ -59,6 +62,7 @@ def health_families(gpus: Sequence[GpuReading]) -> list[MetricFamily]:
     retire_pending = catalogue.gauge("colossalai_gpu_retired_pages_pending")
     replays = catalogue.counter("colossalai_gpu_pcie_replays_total")
     slowdown = catalogue.gauge("colossalai_gpu_clock_slowdown_active")
+    ecc_volatile = catalogue.counter("colossalai_gpu_ecc_volatile_errors_total")
     links = catalogue.gauge("colossalai_gpu_nvlink_links")
     links_active = catalogue.gauge("colossalai_gpu_nvlink_links_active")
     nvlink_errors = catalogue.counter("colossalai_gpu_nvlink_errors_total")
@@ -84,6 +88,8 @@ def health_families(gpus: Sequence[GpuReading]) -> list[MetricFamily]:
             for reason, bit in SLOWDOWN_REASONS.items():
                 active = 1.0 if gpu.clock_event_reasons & bit else 0.0
                 slowdown.add_metric([*label, reason], active)
+        for kind, location, count in gpu.ecc_volatile or ():
+            ecc_volatile.add_metric([*label, kind, location], count)
         if gpu.nvlink_links is not None:
             count, active_count = gpu.nvlink_links
             links.add_metric(label, count)
@@ -91,4 +97,4 @@ def health_families(gpus: Sequence[GpuReading]) -> list[MetricFamily]:
         for kind, errors in gpu.nvlink_errors or ():
             nvlink_errors.add_metric([*label, kind], errors)
     return [action, remapped, remap_pending, remap_failed, retired, retire_pending, replays,
-            slowdown, links, links_active, nvlink_errors]
+            slowdown, ecc_volatile, links, links_active, nvlink_errors]

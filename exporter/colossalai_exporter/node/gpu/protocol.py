@@ -50,6 +50,9 @@ class GpuReading:
     pcie_replays: int | None = None
     #: NVML's clocks event reasons, a bit mask (nvmlClocksEventReason*)
     clock_event_reasons: int | None = None
+    #: ECC errors since the driver loaded, by (type corrected|uncorrected, location
+    #: dram|sram); None where NVML cannot tell them apart by location
+    ecc_volatile: tuple[tuple[str, str, int], ...] | None = None
     #: NVLink: (links the GPU has, links active now); None on a GPU without NVLink
     nvlink_links: tuple[int, int] | None = None
     #: NVLink error counters summed over the GPU's links, by kind (NVLINK_ERROR_KINDS)

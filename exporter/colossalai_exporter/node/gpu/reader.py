@@ -203,6 +203,7 @@ class NvmlReader:
             retired_pages=self._retired_pages(handle),
             pcie_replays=self._optional(nvml.nvmlDeviceGetPcieReplayCounter, handle),
             clock_event_reasons=self._clock_event_reasons(handle),
+            ecc_volatile=self._ecc_volatile(handle),
             nvlink_links=self._nvlink_links(handle, fields.get(NVLINK_LINK_COUNT)),
             nvlink_errors=_nvlink_errors(fields),
         )
@@ -241,6 +242,22 @@ class NvmlReader:
                 return None
             active += 1 if int(state) == 1 else 0  # NVML_FEATURE_ENABLED
         return count, active
+
+    def _ecc_volatile(self, handle: Any) -> tuple[tuple[str, str, int], ...] | None:
+        """ECC errors since the driver loaded, by type and location (DRAM: the HBM;
+        SRAM: on-chip caches and register files, whose uncorrectable errors NHC fails a
+        node on). Volta and later; None where NVML does not split them."""
+        nvml = self.nvml
+        found: list[tuple[str, str, int]] = []
+        for kind, error_type in (("corrected", nvml.NVML_MEMORY_ERROR_TYPE_CORRECTED),
+                                 ("uncorrected", nvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED)):
+            for location, where in (("dram", nvml.NVML_MEMORY_LOCATION_DRAM),
+                                    ("sram", nvml.NVML_MEMORY_LOCATION_SRAM)):
+                count = self._optional(nvml.nvmlDeviceGetMemoryErrorCounter, handle,
+                                       error_type, nvml.NVML_VOLATILE_ECC, where)
+                if count is not None:
+                    found.append((kind, location, int(count)))
+        return tuple(found) or None
 
     def _retired_pages(self, handle: Any) -> tuple[int, int, bool] | None:
         nvml = self.nvml
