@@ -140,6 +140,53 @@ def test_a_gpu_that_needs_action_mutes_its_own_warnings() -> None:
     assert set(GPU_CAUSE_ALERTS) | set(GPU_WARNING_ALERTS) <= alert_names()
 
 
+def test_a_checkpoint_stuck_behind_a_rank_ended_from_outside_is_muted() -> None:
+    from colossalai_exporter.rulesgen.rules import RANK_KILLING_ALERTS
+
+    assert {
+        "source_matchers": [f'alertname=~"{"|".join(RANK_KILLING_ALERTS)}"'],
+        "target_matchers": ['alertname="CheckpointStuck"'],
+        "equal": ["run"]} in _config()["inhibit_rules"]
+    assert set(RANK_KILLING_ALERTS) <= set(SPECIFIC_CAUSE_ALERTS)
+
+
+def test_no_two_alerts_can_mute_each_other() -> None:
+    """Alertmanager does not ask whether an inhibiting alert is itself inhibited: two
+    alerts that mute each other (by any chain) would both be silent. Every alert name
+    a rule matches, source to target, must form no cycle."""
+    names = alert_names()
+
+    def matched(matchers: list[str]) -> set[str]:
+        found = set(names)
+        for matcher in matchers:
+            label, op, value = re.fullmatch(r'(\w+)(=~|=)"(.*)"', matcher).groups()  # type: ignore[union-attr]
+            if label != "alertname":
+                continue
+            pattern = re.compile(value if op == "=~" else re.escape(value))
+            found &= {n for n in names if pattern.fullmatch(n)}
+        return found
+
+    edges: dict[str, set[str]] = {}
+    for rule in _config()["inhibit_rules"]:
+        if "alertname" in rule["equal"]:
+            continue  # a critical muting a warning of its own name: not across names
+        for source in matched(rule["source_matchers"]):
+            edges.setdefault(source, set()).update(matched(rule["target_matchers"]) - {source})
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in edges.get(todo.pop(), ()):
+                if nxt == goal:
+                    return True
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return False
+
+    assert not [(a, b) for a, targets in edges.items() for b in targets if reaches(b, a)]
+
+
 def test_an_xid_mutes_the_ecc_counters_page_of_its_gpu() -> None:
     from colossalai_exporter.rulesgen.gpu import ECC_ALERT
 

@@ -7,8 +7,9 @@ port, the chat prober probing an instrumented FastAPI chat server, the real
 Prometheus and Alertmanager from the Debian packages on the shipped
 configuration (deploy/prometheus/prometheus.yml, deploy/alertmanager/
 alertmanager.yml and rules/*.rules.yml, rewritten only for loopback
-addresses, 5 s scrape and evaluation intervals and a 5 s Watchdog), and the
-bridge. One loopback server (tests/fake_vigilmon.py) stands in for Vigilmon's
+addresses, 5 s scrape and evaluation intervals (the fabric group's too) and a
+5 s Watchdog), and the bridge. The agent reads a fake node's InfiniBand ports
+from a sysfs tree. One loopback server (tests/fake_vigilmon.py) stands in for Vigilmon's
 heartbeat endpoints, the on-call webhook and Slack's incoming webhooks: it
 records every request with its arrival time.
 
@@ -67,11 +68,13 @@ from grafana_render.render_png import RenderResult, render_all
 from prometheus_helpers import (
     Prometheus,
     launch_prometheus,
+    render_rules,
     running_alertmanager,
     shipped_alertmanager_config,
 )
 from test_bridge_e2e import TOKEN, BridgeProcess, write_config
 from test_demo import Demo
+from test_infiniband import port as ib_port
 
 pytestmark = pytest.mark.slow
 
@@ -94,6 +97,9 @@ modules:
     timeout: 10s
     stream: {format: openai, first_token_timeout: 3s, max_token_gap: 2s}
 """
+# The shipped rules, but for the fabric group's interval (1 m): at this run's 5 s, so
+# the fabric panels have data within the run (the documented override, docs/rules.md).
+RULES_OVERRIDE = "thresholds: {infiniband_evaluation_interval: 5s}\n"
 GEMINI_ONLY = {("colossalai-training", "Gemini chunk memory by device"),
                ("colossalai-training", "Gemini host↔device traffic")}
 
@@ -116,14 +122,15 @@ class Stack:
 
 def prometheus_config(rank0: str, agent: str, prober: str, chat_targets: list[str],
                       chat_app: str, bridge: str, alertmanager: str,
-                      stream_target: str) -> dict[str, Any]:
+                      stream_target: str, rules: Path) -> dict[str, Any]:
     """deploy/prometheus/prometheus.yml with loopback targets and 5 s intervals; the chat
-    job's streaming target in a group of its own that picks the stream module."""
+    job's streaming target in a group of its own that picks the stream module; the
+    rules in ``rules`` (rendered by RULES_OVERRIDE)."""
     config: dict[str, Any] = yaml.safe_load(
         (REPO / "deploy" / "prometheus" / "prometheus.yml").read_text())
     config["global"].update(scrape_interval=f"{INTERVAL:g}s", scrape_timeout="4s",
                             evaluation_interval=f"{INTERVAL:g}s")
-    config["rule_files"] = [str(REPO / "rules" / "*.rules.yml")]
+    config["rule_files"] = [str(rules / "*.rules.yml")]
     config["alerting"]["alertmanagers"][0]["static_configs"] = [{"targets": [alertmanager]}]
     targets = {"colossalai-node": [agent], "colossalai-training": [rank0],
                "colossalai-chat": chat_targets, "colossalai-chat-app": [chat_app],
@@ -292,6 +299,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
         nvml = Scenario(tmp / "nvml.json").write(driver_version="550.54.15",
                                                  gpus=[gpu(0), gpu(1)])
+        # The node's InfiniBand adapters, laid out as the kernel's sysfs: two ports up,
+        # one never cabled (the fabric row's panels; nothing pages for it).
+        sysfs = tmp / "infiniband"
+        for device in ("mlx5_0", "mlx5_1"):
+            ib_port(sysfs, device, 1)
+        ib_port(sysfs, "mlx5_2", 1, state="1: DOWN", phys="2: Polling")
         agent_port = free_port()
         agent = ServerProcess(
             ["node", "--web.listen-address", f"127.0.0.1:{agent_port}",
@@ -300,7 +313,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
              "--disk", f"nvme_offload={tmp / 'nvme-not-mounted'}",  # a broken path
              # torchrun's store, and a port nothing listens on (a finished job's master)
              "--rendezvous.target", f"127.0.0.1:{master_port}",
-             "--rendezvous.target", f"127.0.0.1:{stop.enter_context(refused_port())}"],
+             "--rendezvous.target", f"127.0.0.1:{stop.enter_context(refused_port())}",
+             "--infiniband.sysfs", str(sysfs)],
             agent_port,
             fake_nvml_env(nvml.path, cli_env()))
         stop.callback(agent.close)
@@ -321,7 +335,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             f"127.0.0.1:{rank0_port}", f"127.0.0.1:{agent_port}", f"127.0.0.1:{prober_port}",
             [chat, broken_chat, dead_chat], chat.removeprefix("http://"),
             f"127.0.0.1:{bridge_port}", alertmanager.removeprefix("http://"),
-            streaming_chat)))
+            streaming_chat, render_rules(tmp, RULES_OVERRIDE))))
         # Prometheus' first evaluation can come before it knows the Alertmanager; the
         # alerts of that evaluation are sent again only after the resend delay (1m by
         # default), which would hold the first Watchdog ping back by a minute.

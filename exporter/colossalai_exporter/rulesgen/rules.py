@@ -41,7 +41,7 @@ from colossalai_exporter.rulesgen.training_pace import (
 )
 
 __all__ = [
-    "CAUSE_ALERTS", "CONSEQUENCE_ALERTS", "GENERAL_CAUSE_ALERTS",
+    "CAUSE_ALERTS", "RANK_KILLING_ALERTS", "CONSEQUENCE_ALERTS", "GENERAL_CAUSE_ALERTS",
     "GOODPUT_WINDOWS", "GPU_MEM_MAX", "HOST_MEM_AVAIL", "INFO", "SPECIFIC_CAUSE_ALERTS",
     "STEP_MEAN", "STEP_RATE", "STEP_RATE_MEDIAN", "STEP_RATE_RATIO", "WAIT_SHARE",
     "WAIT_SHARE_MEDIAN", "alert_names", "build", "checkpointed_increase", "goodput_ratio",
@@ -63,6 +63,11 @@ SPECIFIC_CAUSE_ALERTS = ("GeminiOutOfMemory", "KernelBuildFailed", "CheckpointFa
 # explain the stalls and rank-downs that follow, and a specific cause explains them.
 GENERAL_CAUSE_ALERTS = ("TrainingHangSuspect", "TrainingRestartLoop")
 CAUSE_ALERTS = (*SPECIFIC_CAUSE_ALERTS, *GENERAL_CAUSE_ALERTS)
+# Causes that end ranks from outside: the ranks left wait for the dead one, in a
+# checkpoint's collective too, so a CheckpointStuck of their run follows from them.
+RANK_KILLING_ALERTS = ("TrainingRankOOMKilled", "TrainingNodeLost", "GPUXidCritical",
+                       "GPURecoveryActionRequired", "GPURowRemapFailure", "GPUNVLinkDown",
+                       "GPUEccUncorrectable", "InfiniBandPortDown", "InfiniBandPortsMissing")
 CONSEQUENCE_ALERTS = ("TrainingRankDown", "TrainingStalled", "NCCLRendezvousDown",
                       "TrainingStartupStuck", "KernelsNotReady")
 
