@@ -371,8 +371,9 @@ def test_the_failure_pages_with_its_cause_and_nothing_else(
 
 
 HEALTHY = Case(
-    "healthy-lifecycle", "a healthy 4-rank run: a 3 s checkpoint (budget 5 s) and an 8 s "
-    "evaluation on every rank, the node agent restarted, Prometheus restarted, then a "
+    "healthy-lifecycle", "a healthy 4-rank run: a 3 s checkpoint (budget 5 s) and a 23 s "
+    "evaluation (step budget 20 s) on every rank, the node agent restarted, Prometheus "
+    "restarted, then a "
     "clean finish and the targets left in place; the node agent on defaults on a node "
     "without GPUs (its GPU collector on, no /checkpoints or /nvme)", "lifecycle", -1, (),
     quiet=25.0, ranks=4)
