@@ -336,6 +336,14 @@ def test_slack_title_for_a_warning_without_job(tmp_path: Path) -> None:
         "http://alertmanager:9093/#/alerts?receiver=slack-critical")
 
 
+def post_alerts(url: str, body: bytes) -> None:
+    """Alerts (a JSON list) to a real Alertmanager's API, as Prometheus sends them."""
+    request = urllib.request.Request(url + "/api/v2/alerts", data=body, method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        assert response.status == 200
+
+
 @pytest.mark.slow
 def test_real_alertmanager_inhibits_warning_of_same_alert_and_job(tmp_path: Path) -> None:
     """The config loaded by a real Alertmanager: critical mutes its own warning, not others."""
@@ -348,10 +356,7 @@ def test_real_alertmanager_inhibits_warning_of_same_alert_and_job(tmp_path: Path
         body = json.dumps([alert("critical", "colossalai-node"),
                            alert("warning", "colossalai-node"),
                            alert("warning", "other-job")]).encode()
-        request = urllib.request.Request(url + "/api/v2/alerts", data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=5) as response:
-            assert response.status == 200
+        post_alerts(url, body)
 
         def states() -> dict[tuple[str, str], str] | None:
             alerts = json.loads(http_get(url + "/api/v2/alerts", timeout=2)[2])
@@ -385,10 +390,7 @@ def test_real_alertmanager_mutes_a_gpus_warnings_under_its_own_action(tmp_path: 
                            alert("GPURowRemapPending", "warning", "node-a:9466", "1"),
                            alert("GPURowRemapPending", "warning", "node-a:9466", "2"),
                            alert("GPURowRemapPending", "warning", "node-b:9466", "1")]).encode()
-        request = urllib.request.Request(url + "/api/v2/alerts", data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=5) as response:
-            assert response.status == 200
+        post_alerts(url, body)
 
         def states() -> dict[tuple[str, str, str], str] | None:
             alerts = json.loads(http_get(url + "/api/v2/alerts", timeout=2)[2])
@@ -423,10 +425,7 @@ def test_real_alertmanager_mutes_a_runs_consequences_under_its_cause(tmp_path: P
                            alert("TrainingRankDown", "r1", rank="0"),
                            alert("NCCLRendezvousDown", "r1", rank=""),
                            alert("TrainingRankDown", "r2")]).encode()
-        request = urllib.request.Request(url + "/api/v2/alerts", data=body, method="POST",
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=5) as response:
-            assert response.status == 200
+        post_alerts(url, body)
 
         def states() -> dict[tuple[str, str, str], str] | None:
             alerts = json.loads(http_get(url + "/api/v2/alerts", timeout=2)[2])

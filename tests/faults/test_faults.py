@@ -230,6 +230,18 @@ def checkpoint_target(case: Case, tmp: Path) -> AbstractContextManager[Path]:
     return nullcontext(path)
 
 
+def ranks_on_their_gpus(stack: Stack, case: Case) -> list[int]:
+    """Each rank's process on its own GPU, as NVML lists them, seen by Prometheus first;
+    the ranks' pids."""
+    assert stack.gpus is not None
+    pids = [stack.job_of(rank).pid(rank) for rank in range(stack.ranks)]
+    stack.gpus.update(gpus=[gpu(i, processes=[pid]) for i, pid in enumerate(pids)])
+    wait_until(lambda: stack.prometheus.query(
+        f'colossalai_gpu_rank_info{{gpu="{case.rank}",rank="{case.rank}"}}'),
+        timeout=60, interval=0.2, what="the ranks seen on their GPUs")
+    return pids
+
+
 def inject(stack: Stack, case: Case, cgroup: Path | None) -> float:
     """Make the failure happen; returns when (wall clock)."""
     ranks = list(range(stack.ranks)) if case.rank < 0 else [case.rank]
@@ -250,12 +262,7 @@ def inject(stack: Stack, case: Case, cgroup: Path | None) -> float:
         # What NVML shows when a GPU falls off the bus: an Xid 79 event, then the GPU
         # answers GPU_IS_LOST. The rank on it dies (a CUDA error, or the driver's reset).
         assert stack.gpus is not None
-        # Each rank's process on its own GPU, as NVML lists them; seen by Prometheus first.
-        pids = [stack.job_of(rank).pid(rank) for rank in range(stack.ranks)]
-        stack.gpus.update(gpus=[gpu(i, processes=[pid]) for i, pid in enumerate(pids)])
-        wait_until(lambda: stack.prometheus.query(
-            f'colossalai_gpu_rank_info{{gpu="{case.rank}",rank="{case.rank}"}}'),
-            timeout=60, interval=0.2, what="the ranks seen on their GPUs")
+        pids = ranks_on_their_gpus(stack, case)
         at = now()
         stack.gpus.update(gpus=[gpu(0, processes=[pids[0]]), gpu(1, lost=True)],
                           xid=[{"id": 1, "gpu": 1, "code": 79}])
@@ -268,11 +275,7 @@ def inject(stack: Stack, case: Case, cgroup: Path | None) -> float:
         # later than the agent's next scrape: the case waits for the agent's alert to
         # reach Alertmanager before freezing the rank, so the order is not left to chance.
         assert stack.gpus is not None
-        pids = [stack.job_of(rank).pid(rank) for rank in range(stack.ranks)]
-        stack.gpus.update(gpus=[gpu(i, processes=[pid]) for i, pid in enumerate(pids)])
-        wait_until(lambda: stack.prometheus.query(
-            f'colossalai_gpu_rank_info{{gpu="{case.rank}",rank="{case.rank}"}}'),
-            timeout=60, interval=0.2, what="the ranks seen on their GPUs")
+        pids = ranks_on_their_gpus(stack, case)
         at = now()
         stack.gpus.update(gpus=[gpu(0, processes=[pids[0]]),
                                 gpu(1, processes=[pids[1]], recovery_action=1)],
