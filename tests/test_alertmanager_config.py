@@ -21,6 +21,7 @@ from colossalai_exporter.rulesgen.rules import (
     SPECIFIC_CAUSE_ALERTS,
     alert_names,
 )
+from colossalai_exporter.rulesgen.verdict import REMEDIES
 from conftest import REPO, http_get, require_binary, wait_until
 from fake_vigilmon import fake_vigilmon
 from prometheus_helpers import running_alertmanager, shipped_alertmanager_config
@@ -314,6 +315,25 @@ def test_slack_title_names_a_fabric_port_and_its_node(tmp_path: Path) -> None:
                        "severity": "critical"}
     assert _render(tmp_path, _data([alert]), "title") == (
         "🔴 FIRING: InfiniBandPortsMissing — node node-7")
+
+
+def test_slack_title_says_what_a_hardware_alerts_node_needs(tmp_path: Path) -> None:
+    alert = _alert("0")
+    alert["labels"] = {"alertname": "GPURowRemapFailure", "job": "colossalai-node",
+                       "instance": "node-7:9466", "gpu": "3", "run": "4242",
+                       "severity": "critical", "subsystem": "gpu", "remedy": "replace"}
+    assert _render(tmp_path, _data([alert]), "title") == (
+        "🔴 FIRING: GPURowRemapFailure — job colossalai-node — run 4242 — GPU 3 on "
+        "node-7:9466 — drain, replace the part")
+    # every remedy the rules give has its words (a new one would show as its key)
+    for remedy, words in REMEDIES.items():
+        alert["labels"]["remedy"] = remedy
+        title = _render(tmp_path, _data([alert]), "title")
+        assert title.endswith("on node-7:9466" if remedy == "none" else f" — {words}")
+    # a resolved page says nothing of what to do
+    alert["labels"]["remedy"] = "replace"
+    resolved = _data([{**alert, "status": "resolved"}], status="resolved")
+    assert _render(tmp_path, resolved, "title").endswith("GPU 3 on node-7:9466")
 
 
 def test_slack_title_names_the_server_and_the_reason(tmp_path: Path) -> None:

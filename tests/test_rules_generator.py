@@ -192,7 +192,8 @@ def test_ports_missing_with_the_sites_expected_ports(tmp_path: Path) -> None:
             "alert_rule_test": [
                 {"eval_time": "5m", "alertname": "InfiniBandPortsMissing", "exp_alerts": []},
                 {"eval_time": "15m", "alertname": "InfiniBandPortsMissing", "exp_alerts": [
-                    {"exp_labels": {"severity": "critical", "cause": "expected", "node": node},
+                    {"exp_labels": {"severity": "critical", "cause": "expected", "node": node,
+                                    "subsystem": "infiniband", "remedy": "drain"},
                      "exp_annotations": {
                          "summary": "A node has fewer active InfiniBand or RoCE ports than it "
                                     "should.",
@@ -213,3 +214,21 @@ def test_ports_missing_with_the_sites_expected_ports(tmp_path: Path) -> None:
         [require_binary("promtool"), "test", "rules", str(test_file)],
         capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_hardware_alert_names_its_subsystem_and_remedy() -> None:
+    """The verdict (rulesgen/verdict.py) summarises the alerts that carry both labels: every
+    GPU and fabric alert but the job's GPU memory and the agent's own blindness."""
+    from colossalai_exporter.rulesgen.verdict import REMEDIES, SUBSYSTEMS, check_mappings
+
+    check_mappings()
+    (node,) = [f for f in rules.build(rules_config.load(DEFAULT_CONFIG))
+               if f.name == "colossalai-node"]
+    alerts = [r for g in node.groups for r in g.rules if isinstance(r, rules.Alert)]
+    hardware = {a.name for a in alerts if a.name.startswith(("GPU", "InfiniBand"))}
+    judged = {a.name for a in alerts if a.subsystem}
+    assert judged == hardware - {"GPUMemoryOOMRisk", "GPUCollectorDown"}
+    for alert in alerts:
+        if alert.subsystem:
+            assert alert.subsystem in SUBSYSTEMS
+            assert alert.remedy in REMEDIES or "{{" in str(alert.remedy), alert.name

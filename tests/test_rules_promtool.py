@@ -20,7 +20,7 @@ RULE_FILES = sorted(RULES_DIR.glob("*.rules.yml"))
 TEST_FILES = sorted((RULES_DIR / "tests").glob("*.test.yml"))
 K8S = REPO / "deploy" / "kubernetes" / "prometheusrule.yaml"
 # Series Prometheus itself writes for every target.
-PROMETHEUS_BUILTIN = {"up"}
+PROMETHEUS_BUILTIN = {"up", "ALERTS"}
 
 
 def _rules() -> list[dict[str, Any]]:

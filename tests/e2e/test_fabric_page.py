@@ -102,10 +102,19 @@ def test_a_port_that_drops_pages_once_naming_the_port_the_node_and_the_run(
         (page,) = [p for p in pages() if "InfiniBandPortDown" in p["title"]]
         # The first line names the port and the node, as on-call reads it; the text why.
         assert page["title"] == ("🔴 FIRING: InfiniBandPortDown — run r-ib — port mlx5_1/1 "
-                                 "on 127.0.0.1"), page["title"]
+                                 "on 127.0.0.1 — drain for service"), page["title"]
         assert ("Port mlx5_1/1 on 127.0.0.1 is down (physical state: polling: it sees no "
                 "peer, the cable or the switch side)") in page["text"], page["text"]
         assert "Ranks of run r-ib on the node: 0." in page["text"], page["text"]
+        # The node's verdict says the same, for what reads it instead of a page.
+        wait_until(lambda: prometheus.query(
+            'node_subsystem:colossalai_hardware_verdict:max{node="127.0.0.1",'
+            'subsystem="infiniband"} == 2')
+            and prometheus.query('node:colossalai_hardware_remedy:max{node="127.0.0.1",'
+                                 'remedy="drain"}'),
+            timeout=30, interval=0.5, what="the node's infiniband verdict critical, drain")
+        assert not prometheus.query(
+            'node_subsystem:colossalai_hardware_verdict:max{subsystem!="infiniband"} != 0')
         # The port never cabled and the healthy one: no alert, no page.
         assert not prometheus.query('ALERTS{device=~"mlx5_0|mlx5_2"}')
         assert all("mlx5_0" not in p["title"] and "mlx5_2" not in p["title"]

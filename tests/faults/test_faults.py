@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from colossalai_exporter.rulesgen.verdict import REMEDIES
 from conftest import REPO, limited_memory_cgroup, require, small_tmpfs, wait_until
 from fake_vigilmon import fake_vigilmon
 from fault_stack import (
@@ -116,7 +117,7 @@ CASES = [
                          "/colossalai-faults-", "from the kernel log)")),
     Case("gpu-xid-79", "rank 1's GPU falls off the bus (Xid 79, fake NVML: the event, then "
          "the GPU lost) and rank 1 dies with it (SIGKILL)", "gpu_lost", 1, ("GPUXidCritical",),
-         {"gpu": "1", "xid": "79", "instance": "<node 0's agent>"},
+         {"gpu": "1", "xid": "79", "instance": "<node 0's agent>", "remedy": "reboot"},
          ("GPU 1 on 127.0.0.1:", "Xid 79, GPU has fallen off the bus — drain the node and "
           "reboot it", "Ranks on this GPU: 1."),
          muted=("TrainingRankDown",), gpus=2),
@@ -124,7 +125,8 @@ CASES = [
          "field with Xid 154, fake NVML), and rank 1 then hangs in the driver (SIGSTOP) "
          "while rank 0 waits in backward's all-reduce", "gpu_reset", 1,
          ("GPURecoveryActionRequired",),
-         {"gpu": "1", "action": "gpu_reset", "instance": "<node 0's agent>"},
+         {"gpu": "1", "action": "gpu_reset", "instance": "<node 0's agent>",
+          "remedy": "reset_gpu"},
          ("GPU 1 on 127.0.0.1:", "NVML asks for gpu_reset — reset the GPU (nvidia-smi -r",
           "Ranks on this GPU: 1."),
          muted=("TrainingHangSuspect", "TrainingStalled"), gpus=2),
@@ -477,6 +479,8 @@ def check_the_page(stack: Stack, case: Case) -> tuple[float, str]:
         assert f"rank {labels['rank']} on " in title, title
     if "instance" in labels:
         assert labels["instance"] in title, title
+    if "remedy" in labels:  # a hardware page says what the node needs
+        assert f" — {REMEDIES[labels['remedy']]}" in title, title
     bullet = next(line for line in text.splitlines() if line.startswith("• "))
     for text_ in case.cause:
         assert text_ in bullet, bullet

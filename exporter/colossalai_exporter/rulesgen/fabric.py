@@ -131,7 +131,7 @@ def fabric(config: RulesConfig) -> Group:
             f"last {th.infiniband_flap_window} ({th.infiniband_flaps} or more): a flapping "
             "link stalls every collective each time it drops. Reseat or replace the cable "
             "at the next drain and read the switch port's errors.",
-            ),
+            subsystem="infiniband", remedy="drain"),
         Alert(
             "InfiniBandSymbolErrors",
             ports.either("colossalai_infiniband_symbol_error_total", over=_increase("1h"))
@@ -141,7 +141,7 @@ def fabric(config: RulesConfig) -> Group:
             f"in the last hour (over {th.infiniband_symbol_errors_per_hour}: the bit error "
             "rate the fabric's health tools act on). Clean or replace the cable or "
             "transceiver at the next drain.",
-            ),
+            subsystem="infiniband", remedy="drain"),
         *ports_missing(ports, th),
     ), interval=str(th.infiniband_evaluation_interval))
 
@@ -163,7 +163,7 @@ def port_down(agents: Selector, th: Thresholds) -> Alert:
         f"the last {th.infiniband_down_memory}. The ranks using it lose their collectives: "
         "drain the node, reseat or replace the cable and check the switch port."
         + node_ranks(agents),
-        )
+        subsystem="infiniband", remedy="drain")
 
 
 def ports_missing(ports: Ports, th: Thresholds) -> tuple[Alert, ...]:
@@ -182,7 +182,7 @@ def ports_missing(ports: Ports, th: Thresholds) -> tuple[Alert, ...]:
         "adapter is gone (a firmware fatal error, a reset that failed, its PCIe link down) "
         "or its driver stopped answering. Drain the node; read `dmesg | grep mlx5` and "
         "reseat or replace the adapter." + node_ranks(ports.agents),
-        cause="vanished")]
+        cause="vanished", subsystem="infiniband", remedy="drain")]
     if th.infiniband_expected_ports > 0:
         # Only where the site says how many: nodes differ, and a port never cabled
         # is not a failure of its own.
@@ -195,5 +195,6 @@ def ports_missing(ports: Ports, th: Thresholds) -> tuple[Alert, ...]:
             "{{ $labels.node }} has {{ $value | printf \"%.0f\" }} active RDMA ports, fewer "
             f"than the {th.infiniband_expected_ports} its nodes have: an adapter missing, a "
             "port never cabled or down since boot. Drain it and check `ibstat` and the "
-            "cables before it runs a multi-node job.", cause="expected"))
+            "cables before it runs a multi-node job.", cause="expected",
+            subsystem="infiniband", remedy="drain"))
     return tuple(rules)

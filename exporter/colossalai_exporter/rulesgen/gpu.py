@@ -35,6 +35,7 @@ from colossalai_exporter.rulesgen.promql import (
     number,
     printf_query,
 )
+from colossalai_exporter.rulesgen.verdict import recovery_remedy, xid_remedy
 
 XID_EVENTS = "colossalai_gpu_xid_events_total"
 # One GPU, one page (deploy/alertmanager/alertmanager.yml): a GPU that needs action
@@ -126,14 +127,14 @@ def gpu_xids(node_agents: Selector, thresholds: Thresholds) -> tuple[Alert, ...]
             fill("GPU [[$gpu]] on [[$instance]]: Xid [[$xid]], [[$what]] — [[action]]."
                  "[[reboots]][[ranks]]", action=xid_action_words(), reboots=xid_after_reboot(),
                  ranks=xid_ranks()),
-            nodes_dashboard()),
+            nodes_dashboard(), subsystem="gpu", remedy=xid_remedy()),
         Alert(
             "GPUXidWarning",
             xid_warnings(node_agents, thresholds.gpu_xid_window),
             "warning", "A GPU reported an Xid error to act on at the next drain.",
             fill("GPU [[$gpu]] on [[$instance]]: Xid [[$xid]], [[$what]] — [[action]].",
                  action=xid_action_words()),
-            nodes_dashboard()),
+            nodes_dashboard(), subsystem="gpu", remedy=xid_remedy()),
         Alert(
             "GPUXidRecurring",
             recent_events(node_agents(XID_EVENTS, tier_is("application")), window,
@@ -143,7 +144,7 @@ def gpu_xids(node_agents: Selector, thresholds: Thresholds) -> tuple[Alert, ...]
                  'printf "%.0f" }} times in [[window]]. One job\'s bug raises it anywhere; '
                  "on one GPU again and again it points at the GPU: drain the node and run "
                  "the GPU's diagnostics (dcgmi diag -r 3).", window=window),
-            nodes_dashboard()),
+            nodes_dashboard(), subsystem="gpu", remedy="drain"),
     )
 
 
@@ -207,7 +208,7 @@ def nvlink_down(node_agents: Selector, th: Thresholds) -> Alert:
              " }}{{ . | first | value }}{{ else }}its{{ end }} NVLink links active — drain "
              "the node and reset the GPU (nvidia-smi -r); if a link stays down, the GPU or "
              "its NVSwitch board needs service.[[ranks]]", ranks=xid_ranks()),
-        nodes_dashboard())
+        nodes_dashboard(), subsystem="nvlink", remedy="reset_gpu")
 
 
 def ecc_errors(node_agents: Selector, th: Thresholds) -> tuple[Alert, Alert]:
@@ -232,7 +233,7 @@ def ecc_errors(node_agents: Selector, th: Thresholds) -> tuple[Alert, Alert]:
                  "{{ if $i }}, {{ end }}"
                  "{{ $s.Labels.location }}{{ end }}) — drain the node and reset the GPU; "
                  "if it comes back, replace the GPU.[[ranks]]", ranks=xid_ranks()),
-            nodes_dashboard()),
+            nodes_dashboard(), subsystem="gpu", remedy="reset_gpu"),
         Alert(
             "GPUSramErrorsHigh",
             f"{node_agents(ecc, label_is('type', 'corrected'), label_is('location', 'sram'))}"
@@ -242,7 +243,7 @@ def ecc_errors(node_agents: Selector, th: Thresholds) -> tuple[Alert, Alert]:
                  "SRAM errors since the driver loaded (over [[limit]]): on-chip memory "
                  "failing; drain the node at the next chance and replace the GPU if it "
                  "keeps counting after a reset.", limit=th.gpu_sram_corrected_errors),
-            nodes_dashboard()),
+            nodes_dashboard(), subsystem="gpu", remedy="reset_gpu"),
     )
 
 
@@ -263,7 +264,7 @@ def nvlink_errors(node_agents: Selector, th: Thresholds) -> Alert:
              "{{ $value }} of the last [[window]]'s minutes (over [[minutes]]): read them "
              "per link (nvidia-smi nvlink -e -i <gpu>) and reset the GPU at the next drain; "
              "a link that keeps counting needs service.", window=window, minutes=minutes),
-        nodes_dashboard())
+        nodes_dashboard(), subsystem="nvlink", remedy="reset_gpu")
 
 
 def gpu_health(node_agents: Selector, config: RulesConfig) -> tuple[Alert, ...]:
@@ -278,7 +279,7 @@ def gpu_health(node_agents: Selector, config: RulesConfig) -> tuple[Alert, ...]:
             "critical", "NVML asks for a recovery action on a GPU.",
             fill("GPU [[$gpu]] on [[$instance]]: NVML asks for {{ $labels.action }} — "
                  "[[words]].[[ranks]]", words=recovery_action_words(), ranks=xid_ranks()),
-            nodes_dashboard()),
+            nodes_dashboard(), subsystem="gpu", remedy=recovery_remedy()),
         Alert(
             "GPURowRemapFailure",
             with_node_run(node_agents("colossalai_gpu_row_remap_failed") + " == 1",
@@ -287,7 +288,7 @@ def gpu_health(node_agents: Selector, config: RulesConfig) -> tuple[Alert, ...]:
             fill("GPU [[$gpu]] on [[$instance]]: a row remap failed, the GPU's memory has no "
                  "spare rows left — drain the node and replace the GPU (RMA).[[ranks]]",
                  ranks=xid_ranks()),
-            nodes_dashboard()),
+            nodes_dashboard(), subsystem="gpu", remedy="replace"),
         nvlink_down(node_agents, th),
         *ecc_errors(node_agents, th),
         Alert(
@@ -296,7 +297,7 @@ def gpu_health(node_agents: Selector, config: RulesConfig) -> tuple[Alert, ...]:
             fill("GPU [[$gpu]] on [[$instance]]: a memory row remap waits for the next GPU "
                  "reset — reset the GPU at the next drain (until then the bad row is "
                  "still in use)."),
-            nodes_dashboard()),
+            nodes_dashboard(), subsystem="gpu", remedy="reset_gpu"),
         Alert(
             "GPURetiredPagesHigh",
             expr(f"""
@@ -308,7 +309,7 @@ def gpu_health(node_agents: Selector, config: RulesConfig) -> tuple[Alert, ...]:
                  "(at [[limit]] or more; the table holds about 64): drain the node and run "
                  "the GPU's diagnostics; replace it when the table is full.",
                  limit=th.gpu_retired_pages),
-            nodes_dashboard()),
+            nodes_dashboard(), subsystem="gpu", remedy="drain"),
         Alert(
             "GPUPCIeReplaysHigh",
             expr(f"""
@@ -320,7 +321,7 @@ def gpu_health(node_agents: Selector, config: RulesConfig) -> tuple[Alert, ...]:
                  "a minute (above [[limit]]): a marginal slot, riser or cable — reseat or "
                  "replace it at the next drain.",
                  limit=number(th.gpu_pcie_replays_per_minute)),
-            nodes_dashboard()),
+            nodes_dashboard(), subsystem="gpu", remedy="drain"),
         Alert(
             "GPUClockSlowdown",
             expr(f"""
@@ -334,6 +335,6 @@ def gpu_health(node_agents: Selector, config: RulesConfig) -> tuple[Alert, ...]:
                  "power brake or HW slowdown) {{ $value | humanizePercentage }} of the last "
                  "[[window]]: check its cooling and power; every rank of a synchronous job "
                  "waits for it.", window=th.gpu_clock_slowdown_window),
-            nodes_dashboard()),
+            nodes_dashboard(), subsystem="gpu", remedy="drain"),
         nvlink_errors(node_agents, th),
     )

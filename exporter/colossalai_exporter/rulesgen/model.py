@@ -25,8 +25,15 @@ class Alert:
     # A static ``cause`` label telling apart rules that share a name and severity
     # (promtool rejects duplicates, and routing or silences may want to tell them apart).
     cause: str | None = None
+    # The node's hardware verdict (rulesgen/verdict.py): the part of the node the alert
+    # judges (a verdict.SUBSYSTEMS key) and what the node needs, a verdict.REMEDIES key
+    # or a template choosing one from the alert's own labels (an Xid's catalog action).
+    subsystem: str | None = None
+    remedy: str | None = None
 
     def __post_init__(self) -> None:
+        if (self.subsystem is None) != (self.remedy is None):
+            raise ValueError(f"{self.name}: a subsystem and a remedy go together")
         if self.severity not in SEVERITIES:
             raise ValueError(f"{self.name}: severity {self.severity!r} not in {SEVERITIES}")
         if "{{" in self.summary:

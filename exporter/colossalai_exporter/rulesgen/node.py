@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from colossalai_exporter.rulesgen.common import INFO, RANK_UP, nodes_dashboard
 from colossalai_exporter.rulesgen.config import Duration, RulesConfig, Thresholds
-from colossalai_exporter.rulesgen.fabric import fabric
+from colossalai_exporter.rulesgen.fabric import Ports, fabric
 from colossalai_exporter.rulesgen.gpu import gpu_health, gpu_xids
 from colossalai_exporter.rulesgen.model import Alert, Group, Recording, RuleFile
 from colossalai_exporter.rulesgen.promql import Selector, expr, fill, number, query, si_bytes
+from colossalai_exporter.rulesgen.verdict import verdict_group
 
 # Recording rules the dashboards use.
 GPU_MEM_MAX = "instance:colossalai_gpu_memory_used_percent:max"
@@ -41,7 +42,8 @@ def node(config: RulesConfig) -> RuleFile:
         *gpu_xids(node_agents, thresholds),
         *gpu_health(node_agents, config),
     ))
-    return RuleFile("colossalai-node", (recording, alerts, fabric(config)))
+    return RuleFile("colossalai-node", (recording, alerts, fabric(config),
+                                        verdict_group(Ports(config))))
 
 
 def memory_running_out(node_agents: Selector, thresholds: Thresholds,

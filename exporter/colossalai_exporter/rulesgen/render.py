@@ -57,6 +57,9 @@ def rule_dict(config: RulesConfig, rule: Alert | Recording) -> dict[str, Any]:
     out["labels"] = {"severity": rule.severity}
     if rule.cause:
         out["labels"]["cause"] = rule.cause
+    if rule.subsystem and rule.remedy:
+        out["labels"]["subsystem"] = rule.subsystem
+        out["labels"]["remedy"] = rule.remedy
     if rule.name in config.record_only:
         # Alertmanager routes it to no one (deploy/alertmanager/alertmanager.yml)
         out["labels"]["record_only"] = "true"
