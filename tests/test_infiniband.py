@@ -68,6 +68,56 @@ def test_ports_their_state_rate_and_counters(tmp_path: Path) -> None:
     assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
+def roce_port(root: Path, device: str, interface: str, *, carrier_changes: int,
+              by_gid: bool = True, **hw_errors: int) -> Path:
+    """A RoCE port as mlx5 lays it out: link layer Ethernet, counters/ as on InfiniBand,
+    hw_counters/ with the transport's counters, and its network interface named by the
+    first GID's ndev (``by_gid``) or as the PCI function's only interface."""
+    path = port(root, device, 1, rate="200 Gb/sec (4X HDR)", link_layer="Ethernet")
+    (path / "hw_counters").mkdir()
+    for name in ("local_ack_timeout_err", "rnr_nak_retry_err", "out_of_sequence",
+                 "np_cnp_sent", "rx_write_requests"):
+        (path / "hw_counters" / name).write_text(f"{hw_errors.get(name, 0)}\n")
+    if by_gid:
+        (path / "gid_attrs" / "ndevs").mkdir(parents=True)
+        (path / "gid_attrs" / "ndevs" / "0").write_text(interface + "\n")
+    else:
+        (root / device / "device" / "net" / interface).mkdir(parents=True)
+    net = root.parent / "net" / interface
+    net.mkdir(parents=True)
+    (net / "carrier_changes").write_text(f"{carrier_changes}\n")
+    return path
+
+
+def test_a_roce_port_serves_its_transport_errors_and_its_interfaces_flaps(
+        tmp_path: Path) -> None:
+    sysfs = tmp_path / "infiniband"
+    roce_port(sysfs, "mlx5_2", "ens3np0", carrier_changes=7, local_ack_timeout_err=12,
+              rnr_nak_retry_err=1)
+    roce_port(sysfs, "mlx5_3", "ens4np0", carrier_changes=2, by_gid=False)
+    port(sysfs, "mlx5_0", 1)  # InfiniBand: no interface to read
+    collector = InfinibandCollector(sysfs)
+    try:
+        got = collect(collector)
+        text = exposition(list(collector.collect(time.monotonic() + 5)))
+    finally:
+        collector.close()
+    errors = "colossalai_infiniband_hw_errors_total"
+    assert got[(errors, labels("mlx5_2", kind="local_ack_timeout_err"))] == 12
+    assert got[(errors, labels("mlx5_2", kind="rnr_nak_retry_err"))] == 1
+    assert got[(errors, labels("mlx5_2", kind="out_of_sequence"))] == 0
+    # only the error counters, not the adapter's traffic or congestion notifications
+    assert not [k for k in got if k[0] == errors and dict(k[1])["kind"] in
+                ("np_cnp_sent", "rx_write_requests")]
+    carrier = "colossalai_infiniband_carrier_changes_total"
+    assert got[(carrier, labels("mlx5_2"))] == 7
+    assert got[(carrier, labels("mlx5_3"))] == 2
+    assert not [k for k in got if k[0] == carrier and dict(k[1])["device"] == "mlx5_0"]
+    lint = subprocess.run([require_binary("promtool"), "check", "metrics"], input=text,
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
 def test_a_node_without_rdma_serves_no_port_and_does_not_fail(tmp_path: Path) -> None:
     collector = InfinibandCollector(tmp_path / "absent")
     try:

@@ -193,6 +193,13 @@ NODE: tuple[Metric, ...] = (
        ("device", "port")),
     _m("colossalai_infiniband_symbol_error_total", "counter",
        "Symbol (bit) errors the port received (counters/symbol_error).", ("device", "port")),
+    _m("colossalai_infiniband_hw_errors_total", "counter",
+       "Transport errors the port's adapter counted (hw_counters/<kind>): acks that timed "
+       "out, retries exhausted, packets out of sequence, RoCE slow restarts.",
+       ("device", "port", "kind")),
+    _m("colossalai_infiniband_carrier_changes_total", "counter",
+       "Carrier changes of a RoCE port's network interface "
+       "(/sys/class/net/<interface>/carrier_changes): two a link flap.", ("device", "port")),
     _m("colossalai_host_swap_total_bytes", "gauge", "Swap space configured.", (), "bytes"),
     _m("colossalai_host_swap_used_bytes", "gauge", "Swap space in use.", (), "bytes"),
     _m("colossalai_disk_free_bytes", "gauge",

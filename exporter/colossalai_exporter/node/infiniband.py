@@ -8,10 +8,20 @@ Each port of each RDMA device, ``/sys/class/infiniband/<device>/ports/<port>/``:
   ``Ethernet`` for RoCE);
 * ``counters/link_downed`` (the link went down: each increase is a drop or a flap),
   ``counters/link_error_recovery`` and ``counters/symbol_error`` (bit errors on the
-  wire, the BER the fabric's health tools threshold).
+  wire, the BER the fabric's health tools threshold);
+* ``hw_counters/`` (the adapter's transport counters, mlx5 and others): the ones that
+  say the transport gave up or keeps retrying (``HW_ERRORS``): a peer that stopped
+  acknowledging, a lossy RoCE fabric (PFC off, a congested switch) while every link
+  is up, which ends in NCCL's timeouts;
+* for a RoCE port (``link_layer`` Ethernet), its network interface's
+  ``/sys/class/net/<if>/carrier_changes``: an Ethernet link's flaps, which
+  ``link_downed`` does not count there (two changes a flap). The interface is the
+  one ``ports/<port>/gid_attrs/ndevs/0`` names, else the adapter's only one
+  (``<device>/device/net/``).
 
-The names and values are node_exporter's ``infiniband`` collector's
-(``node_infiniband_state_id`` …) under this project's prefix, so that the rules read
+The names and values of ``state``, ``phys_state``, ``rate`` and ``counters/`` are
+node_exporter's ``infiniband`` collector's (``node_infiniband_state_id`` …) under
+this project's prefix, so that the rules read
 either (rulesgen/fabric.py): a site that runs node_exporter's collector may switch
 this one off (``--no-collector.infiniband``), and one that runs both pages once. It is
 here because the page must name the ranks on the node, which the agent knows, and
@@ -50,6 +60,11 @@ COUNTERS = {
     "link_error_recovery": "colossalai_infiniband_link_error_recovery_total",
     "symbol_error": "colossalai_infiniband_symbol_error_total",
 }
+#: hw_counters/<file> the agent serves, as colossalai_infiniband_hw_errors_total{kind}:
+#: the transport's retries and give-ups (NVSentinel fails a node on any increase of
+#: rnr_nak_retry_err; local_ack_timeout_err and out_of_sequence are a lossy fabric's)
+HW_ERRORS = ("local_ack_timeout_err", "rnr_nak_retry_err", "req_transport_retries_exceeded",
+             "packet_seq_err", "out_of_sequence", "roce_slow_restart")
 #: the physical states (IBTA PortPhysicalState) a port that is not active may be in, in
 #: words (the pages' and `node check`'s)
 PHYSICAL_WORDS = {
@@ -73,6 +88,9 @@ class PortReading:
     phys_state: int | None
     rate_bytes_per_second: float | None
     counters: dict[str, int] = field(default_factory=dict)
+    hw_errors: dict[str, int] = field(default_factory=dict)
+    #: the RoCE port's network interface's carrier changes (None: not RoCE, or unread)
+    carrier_changes: int | None = None
 
 
 def _text(path: Path) -> str | None:
@@ -96,10 +114,41 @@ def _rate(text: str | None) -> float | None:
     return float(match[1]) * 1e9 / 8 if match else None
 
 
+def _numbers(directory: Path, names: tuple[str, ...] | dict[str, str]) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for name in names:
+        value = _text(directory / name)
+        if value is not None and value.isdigit():
+            found[name] = int(value)
+    return found
+
+
+def _netdev(device: Path, port: Path) -> str | None:
+    """The network interface of a RoCE port (module docstring)."""
+    name = _text(port / "gid_attrs" / "ndevs" / "0")
+    if name:
+        return name
+    try:
+        interfaces = [p.name for p in (device / "device" / "net").iterdir()]
+    except OSError:
+        return None
+    return interfaces[0] if len(interfaces) == 1 else None
+
+
+def _carrier_changes(net_root: Path, device: Path, port: Path) -> int | None:
+    interface = _netdev(device, port)
+    if interface is None or "/" in interface:
+        return None
+    value = _text(net_root / interface / "carrier_changes")
+    return int(value) if value is not None and value.isdigit() else None
+
+
 def read_ports(root: str | Path = SYSFS) -> list[PortReading]:
     """Every port of every RDMA device under ``root``; none where there is no such
-    directory (a node without RDMA adapters)."""
+    directory (a node without RDMA adapters). A RoCE port's interface is read from the
+    ``net`` class beside ``root`` (/sys/class/net)."""
     base = Path(root)
+    net_root = base.parent / "net"
     ports: list[PortReading] = []
     try:
         devices = sorted(p for p in base.iterdir() if p.is_dir())
@@ -111,18 +160,16 @@ def read_ports(root: str | Path = SYSFS) -> list[PortReading]:
         except OSError:
             continue
         for port in port_dirs:
-            counters: dict[str, int] = {}
-            for name in COUNTERS:
-                value = _text(port / "counters" / name)
-                if value is not None and value.isdigit():
-                    counters[name] = int(value)
+            link_layer = _text(port / "link_layer") or "InfiniBand"
             ports.append(PortReading(
-                device=device.name, port=port.name,
-                link_layer=_text(port / "link_layer") or "InfiniBand",
+                device=device.name, port=port.name, link_layer=link_layer,
                 state=_state_id(_text(port / "state")),
                 phys_state=_state_id(_text(port / "phys_state")),
                 rate_bytes_per_second=_rate(_text(port / "rate")),
-                counters=counters))
+                counters=_numbers(port / "counters", COUNTERS),
+                hw_errors=_numbers(port / "hw_counters", HW_ERRORS),
+                carrier_changes=(_carrier_changes(net_root, device, port)
+                                 if link_layer == "Ethernet" else None)))
     return ports
 
 
@@ -132,6 +179,8 @@ def port_families(ports: list[PortReading]) -> list[MetricFamily]:
     phys = catalogue.gauge("colossalai_infiniband_physical_state_id")
     rate = catalogue.gauge("colossalai_infiniband_rate_bytes_per_second")
     counters = {name: catalogue.counter(metric) for name, metric in COUNTERS.items()}
+    hw_errors = catalogue.counter("colossalai_infiniband_hw_errors_total")
+    carrier = catalogue.counter("colossalai_infiniband_carrier_changes_total")
     for port in ports:
         labels = [port.device, port.port]
         info.add_metric(labels, {"link_layer": port.link_layer})
@@ -143,7 +192,11 @@ def port_families(ports: list[PortReading]) -> list[MetricFamily]:
             rate.add_metric(labels, port.rate_bytes_per_second)
         for name, value in port.counters.items():
             counters[name].add_metric(labels, value)
-    return [info, state, phys, rate, *counters.values()]
+        for name, value in port.hw_errors.items():
+            hw_errors.add_metric([*labels, name], value)
+        if port.carrier_changes is not None:
+            carrier.add_metric(labels, port.carrier_changes)
+    return [info, state, phys, rate, *counters.values(), hw_errors, carrier]
 
 
 @dataclass

@@ -135,6 +135,7 @@ class Thresholds(Section, frozen=True):
     infiniband_flaps: int
     infiniband_flap_window: Duration
     infiniband_symbol_errors_per_hour: int
+    infiniband_transport_errors_per_hour: int
     infiniband_expected_ports: int
     infiniband_evaluation_interval: Duration
 

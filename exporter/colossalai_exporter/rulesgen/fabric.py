@@ -13,10 +13,15 @@ whichever a site runs, and page once where it runs both.
   what the site expects. A cause alert: it names the run on the node and mutes
   the run's stalls, hangs and deaths, which follow from it.
 * InfiniBandPortFlapping: ``link_downed`` rose 3 times or more within 12 h (gpud:
-  3 flaps in 12 h; NHC: 5 in 24 h); the window keeps it firing after the link
-  comes back (the sticky recovery the health tools use).
+  3 flaps in 12 h; NHC: 5 in 24 h), or a RoCE port's interface changed carrier twice
+  as often (the agent's only: ``link_downed`` does not count an Ethernet link's
+  flaps); the window keeps it firing after the link comes back (the sticky recovery
+  the health tools use).
 * InfiniBandSymbolErrors: more than 120 symbol errors in an hour (the IBTA bit
   error rate NVSentinel thresholds); record-only.
+* InfiniBandTransportErrors: the adapter's transport timed out or gave up
+  (hw_counters: acks not received, retries exhausted) within an hour, links up: a
+  lossy fabric; record-only.
 * InfiniBandPortsMissing: fewer active ports on a node than
   ``infiniband_expected_ports`` (gpud: 8 for H100 and H200 nodes); off at 0.
 
@@ -30,13 +35,20 @@ from colossalai_exporter.node.infiniband import PHYSICAL_WORDS
 from colossalai_exporter.rulesgen.common import INFO, START
 from colossalai_exporter.rulesgen.config import RulesConfig, Thresholds
 from colossalai_exporter.rulesgen.model import Alert, Group, Recording
-from colossalai_exporter.rulesgen.promql import Selector, expr, indent, printf_query
+from colossalai_exporter.rulesgen.promql import (
+    Selector,
+    expr,
+    indent,
+    label_is,
+    printf_query,
+)
 
 STATE = "node_device_port:colossalai_infiniband_state_id:max"
 #: One node's fabric, one page (deploy/alertmanager/alertmanager.yml): a port down mutes
 #: the node's other fabric alerts, equal on ``node``.
 FABRIC_CAUSE = "InfiniBandPortDown"
-FABRIC_SYMPTOMS = ("InfiniBandPortFlapping", "InfiniBandSymbolErrors", "InfiniBandPortsMissing")
+FABRIC_SYMPTOMS = ("InfiniBandPortFlapping", "InfiniBandSymbolErrors",
+                   "InfiniBandTransportErrors", "InfiniBandPortsMissing")
 PHYSICAL_STATE = "node_device_port:colossalai_infiniband_physical_state_id:max"
 ACTIVE = "node_device_port:colossalai_infiniband_active:max"
 #: node_exporter's infiniband collector's names for what the agent serves
@@ -67,15 +79,21 @@ class Ports:
         self.node_exporter = Selector(config.selectors.node_exporter)
         self.ports = ports.strip().strip("{}").strip()
 
-    def either(self, metric: str, over: str = "") -> str:
+    def agent(self, metric: str, *extra: str) -> str:
+        """``metric`` from the node agents only, for the rdma_ports selected."""
+        return self.agents(metric, *((self.ports,) if self.ports else ()), *extra)
+
+    def either(self, metric: str, over: str = "", also: str = "") -> str:
         """``metric`` from either exporter, by node and port; ``over`` wraps each source's
-        series (``increase(%s[12h])``)."""
+        series (``increase(%s[12h])``); ``also`` is a third source, of the agent's alone
+        (told apart by a label of its own, so that ``or`` keeps it beside the others)."""
         extra = (self.ports,) if self.ports else ()
         sources = [self.agents(metric, *extra), self.node_exporter(NODE_EXPORTER[metric], *extra)]
         if over:
             sources = [over % source for source in sources]
+        sources += [also] if also else []
         return (f"max by (node, device, port) (\n"
-                f"{indent(on_node(sources[0] + chr(10) + 'or' + chr(10) + sources[1]))}\n)")
+                f"{indent(on_node(chr(10).join(f'{s}{chr(10)}or' for s in sources)[:-3]))}\n)")
 
 
 def with_node_run_by_name(vector: str, agents: Selector) -> str:
@@ -124,7 +142,8 @@ def fabric(config: RulesConfig) -> Group:
         Alert(
             "InfiniBandPortFlapping",
             ports.either("colossalai_infiniband_link_downed_total",
-                         over=_increase(th.infiniband_flap_window))
+                         over=_increase(th.infiniband_flap_window),
+                         also=roce_flaps(ports, th.infiniband_flap_window))
             + f"\n  >= {th.infiniband_flaps}",
             "warning", "An InfiniBand or RoCE link keeps going down and coming back.",
             port_and_node("Port") + " went down {{ $value | printf \"%.0f\" }} times in the "
@@ -142,8 +161,41 @@ def fabric(config: RulesConfig) -> Group:
             "rate the fabric's health tools act on). Clean or replace the cable or "
             "transceiver at the next drain.",
             subsystem="infiniband", remedy="drain"),
+        transport_errors(ports, th),
         *ports_missing(ports, th),
     ), interval=str(th.infiniband_evaluation_interval))
+
+
+def roce_flaps(ports: Ports, window: object) -> str:
+    """A RoCE port's flaps: its interface's carrier changes over ``window``, two a flap
+    (``link_downed`` does not count an Ethernet link's)."""
+    changes = ports.agent("colossalai_infiniband_carrier_changes_total")
+    return f'label_replace(increase({changes}[{window}]) / 2, "via", "carrier", "", "")'
+
+
+#: the hw_counters that say the transport gave up or timed out (node/infiniband.HW_ERRORS)
+TRANSPORT_ERRORS = ("local_ack_timeout_err", "rnr_nak_retry_err",
+                    "req_transport_retries_exceeded")
+
+
+def transport_errors(ports: Ports, th: Thresholds) -> Alert:
+    """InfiniBandTransportErrors: the adapter's transport timing out or giving up on its
+    peers while the links are up: a lossy fabric (RoCE without PFC, a congested or
+    failing switch), which NCCL meets as timeouts. Record-only as shipped."""
+    errors = ports.agent("colossalai_infiniband_hw_errors_total",
+                         label_is("kind", *TRANSPORT_ERRORS))
+    return Alert(
+        "InfiniBandTransportErrors",
+        on_node(f"sum without (kind) (increase({errors}[1h]))")
+        + f"\n  > {th.infiniband_transport_errors_per_hour}",
+        "warning", "An InfiniBand or RoCE port's transport keeps timing out.",
+        port_and_node("Port") + "'s adapter counted {{ $value | printf \"%.0f\" }} "
+        "transport timeouts and give-ups in the last hour (acks not received, retries "
+        f"exhausted; over {th.infiniband_transport_errors_per_hour}) while its link is up: "
+        "packets are lost on the way. Read the port's hw_counters and the switch's "
+        "discards; on RoCE check PFC and ECN on the switch port. Drain the node if only "
+        "its ports count them.",
+        subsystem="infiniband", remedy="drain")
 
 
 def _increase(window: object) -> str:
