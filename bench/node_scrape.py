@@ -155,7 +155,8 @@ def with_fake_gpus(count: int, env: dict[str, str]) -> dict[str, str]:
 
 def fake_rdma_sysfs(count: int) -> Path:
     """A /sys with ``count`` active 400 Gb/s InfiniBand ports (mlx5_0/1 …), laid out as
-    the kernel's, with the device files node_exporter's collector reads as well."""
+    the kernel's (counters/ and mlx5's hw_counters/), with the device files
+    node_exporter's collector reads as well."""
     root = Path(tempfile.mkdtemp()) / "sys"
     for index in range(count):
         device = root / "class" / "infiniband" / f"mlx5_{index}"
@@ -172,6 +173,16 @@ def fake_rdma_sysfs(count: int) -> Path:
                         "port_rcv_errors", "port_xmit_discards", "port_rcv_data",
                         "port_xmit_data", "port_rcv_packets", "port_xmit_packets"):
             (port / "counters" / counter).write_text("0\n")
+        # mlx5's transport counters (the agent reads the error ones of them)
+        (port / "hw_counters").mkdir()
+        for counter in ("duplicate_request", "implied_nak_seq_err", "lifespan",
+                        "local_ack_timeout_err", "np_cnp_sent", "np_ecn_marked_roce_packets",
+                        "out_of_buffer", "out_of_sequence", "packet_seq_err",
+                        "req_cqe_error", "req_remote_access_errors",
+                        "req_transport_retries_exceeded", "resp_cqe_error",
+                        "rnr_nak_retry_err", "roce_adp_retrans", "roce_slow_restart",
+                        "rp_cnp_handled", "rx_read_requests", "rx_write_requests"):
+            (port / "hw_counters" / counter).write_text("0\n")
     return root
 
 

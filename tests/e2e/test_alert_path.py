@@ -297,8 +297,12 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             CHECKPOINT_HEARTBEAT_URL=vigilmon.url + "/checkpoint-heartbeat"))
         stop.callback(demo.close)
 
-        nvml = Scenario(tmp / "nvml.json").write(driver_version="550.54.15",
-                                                 gpus=[gpu(0), gpu(1)])
+        # GPU 1 has a row remap waiting for its next reset: a hardware warning, for the
+        # nodes dashboard's verdict row (GPURowRemapPending; on-call's channel is the
+        # critical one, and the page under test stays the only critical training page).
+        nvml = Scenario(tmp / "nvml.json").write(
+            driver_version="550.54.15",
+            gpus=[gpu(0), gpu(1, remapped_rows={"pending": True})])
         # The node's InfiniBand adapters, laid out as the kernel's sysfs: two ports up,
         # one never cabled (the fabric row's panels; nothing pages for it).
         sysfs = tmp / "infiniband"

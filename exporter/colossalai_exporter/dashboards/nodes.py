@@ -12,13 +12,14 @@ from colossalai_exporter.dashboards.model import (
     Query,
     Row,
     Step,
+    ValueText,
     ok_bad,
     stat,
     state_timeline,
     table,
     timeseries,
 )
-from colossalai_exporter.rulesgen import fabric, rules
+from colossalai_exporter.rulesgen import fabric, rules, verdict
 from colossalai_exporter.rulesgen.config import RulesConfig
 from colossalai_exporter.rulesgen.promql import Selector, number, si_bytes
 
@@ -47,6 +48,27 @@ def status_row(config: RulesConfig) -> Row:
              "The highest GPU memory use on each node (recording rule).",
              Query(N(rules.GPU_MEM_MAX), "{{instance}}"), w=4, h=7, unit="percent",
              thresholds=(Step("green"), Step("red", limit))),
+    ))
+
+
+def verdict_row() -> Row:
+    # The verdict is recorded by node (the instance without its port), for the whole
+    # fleet: the panels show the nodes that are not passing, whichever are selected.
+    levels = (ValueText("0", "pass", "green"), ValueText("1", "warn", "orange"),
+              ValueText("2", "critical", "red"))
+    return Row("Hardware verdict (every node)", (
+        state_timeline("Subsystems not passing",
+                       "Each node's GPUs, NVLink and fabric that are not passing: warn (a "
+                       "warning alert fires) or critical (a critical one does), from the "
+                       "hardware alerts firing (recording rule; record-only alerts are "
+                       "left out).",
+                       Query(f"{verdict.VERDICT} > 0", "{{node}} {{subsystem}}"),
+                       w=14, mappings=levels),
+        table("What each node needs",
+              "The most its firing hardware alerts ask for: restart the job, reset a GPU, "
+              "reboot, drain for service, replace a part (the pages' last words); nodes "
+              "that need nothing are left out.",
+              Query(f"{verdict.REMEDY} > 0", table=True), w=10),
     ))
 
 
@@ -230,7 +252,8 @@ def build(config: RulesConfig) -> Dashboard:
             variables.label_values("gpu", "gpu", N("colossalai_gpu_memory_used_percent"),
                                    multi=True, numeric=True, all_value=".*"),
         ),
-        rows=(status_row(config), gpu_row(config), host_row(config), disk_row(config),
+        rows=(status_row(config), verdict_row(), gpu_row(config), host_row(config),
+              disk_row(config),
               rendezvous_row(), fabric_row(), collector_row()),
         alerts_annotation='ALERTS{alertstate="firing", job=~"$job", instance=~"$instance"}',
         tags=("nodes",),
