@@ -35,6 +35,7 @@ deadline.
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from concurrent.futures import Future
@@ -94,10 +95,18 @@ class PortReading:
 
 
 def _text(path: Path) -> str | None:
+    # os.read of the raw bytes: a scrape reads a dozen small files a port, and
+    # Path.read_text's text-file machinery costs several times the read itself.
     try:
-        return path.read_text(encoding="ascii", errors="replace").strip()
+        fd = os.open(path, os.O_RDONLY)
     except OSError:
         return None
+    try:
+        return os.read(fd, 256).decode("ascii", "replace").strip()
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
 
 
 def _state_id(text: str | None) -> int | None:
@@ -116,6 +125,8 @@ def _rate(text: str | None) -> float | None:
 
 def _numbers(directory: Path, names: tuple[str, ...] | dict[str, str]) -> dict[str, int]:
     found: dict[str, int] = {}
+    if not directory.is_dir():  # one stat, not a failed open a file (no hw_counters/)
+        return found
     for name in names:
         value = _text(directory / name)
         if value is not None and value.isdigit():
