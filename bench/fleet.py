@@ -349,7 +349,7 @@ def report_scale(url: str, fleet: Fleet, pid: int, interval: int, own: SelfMetri
     rules = [r for g in query_api(url, "/api/v1/rules")["groups"] for r in g["rules"]]
     rules.sort(key=lambda r: -float(r.get("evaluationTime", 0)))
     print("\nslowest rules: " + "; ".join(
-        f"{r['name']} {float(r['evaluationTime']) * 1e3:.0f} ms" for r in rules[:6]))
+        f"{r['name']} {float(r['evaluationTime']) * 1e3:.0f} ms" for r in rules[:20]))
     print(f"\nmissed rule group iterations: "
           f"{own.total('prometheus_rule_group_iterations_missed_total'):.0f}; "
           f"failed rule evaluations: {own.total('prometheus_rule_evaluation_failures_total'):.0f}")

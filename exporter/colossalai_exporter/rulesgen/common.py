@@ -116,36 +116,62 @@ def rank_stalled(view: Selector) -> str:
     return f"{view(STALLED)} == 1"
 
 
-def with_run(vector: str, view: Selector, on: tuple[str, ...] = RANK) -> str:
-    """``vector`` with the ``run`` label of its ranks' ``colossalai_training_info``.
+#: Every rank of either view, with the ``run`` of its ``colossalai_training_info``
+#: (none where the rank has no info: a monitor older than the label): one series a
+#: rank, recorded first in the training file so each alert joins it once.
+RANK_RUN = "job_instance_rank:colossalai_training_run:max"
 
-    Values are kept (the info is 1). Alertmanager inhibits a run's consequence
+
+def rank_runs(rank_servers: Selector, node_agents: Selector) -> str:
+    """RANK_RUN's expression: the info's run, else the rank bare (any series that every
+    monitored rank serves: its phase, or the agent's up for it)."""
+    views = (node_agents, rank_servers)
+    info = "\nor\n".join(view(INFO) for view in views)
+    ranks = "\nor\n".join(view(metric) for view in views for metric in (PHASE, RANK_UP))
+    return (f"max by (job, instance, rank, run) (\n{indent(info)}\n)\n"
+            f"or on (job, instance, rank)\n"
+            f"group by (job, instance, rank) (\n{indent(ranks)}\n)")
+
+
+def with_run(vector: str) -> str:
+    """``vector`` (a rank's series, of either view) with the ``run`` label of its rank's
+    ``colossalai_training_info``, joined from RANK_RUN.
+
+    Values are kept (RANK_RUN is 1). Alertmanager inhibits a run's consequence
     alerts under its cause alert by this label, so every training alert carries it.
     A rank without the info (a monitor older than the label) still alerts, without
-    ``run``.
+    ``run``. ``vector`` is read once: at 4,096 ranks each read of a rank-wide vector
+    is what an evaluation costs (bench/RESULTS.md, issue 30).
     """
-    labels = ", ".join(on)
-    info = view(INFO)
+    labels = ", ".join(RANK)
     # Parenthesised whole: "or" binds loosest, and callers combine this further.
     return (f"(\n  (\n{indent(vector, 4)}\n  )\n  * on ({labels}) group_left (run)\n"
-            f"    max by ({labels}, run) ({info})\n"
-            f"  or\n  (\n{indent(vector, 4)}\n  )\n  unless on ({labels})\n    {info}\n)")
+            f"    {RANK_RUN}\n)")
 
 
-def with_node_run(vector: str, node_agents: Selector) -> str:
-    """``vector`` (a node's series: a GPU, a port) with the ``run`` of the node's ranks,
-    as :func:`with_run` joins a rank's; values kept.
+#: The run started last on each node agent's node, valued by its start: one series a
+#: node, recorded first in the node alerts' group, which every node-level cause reads.
+NODE_RUN = "job_instance:colossalai_training_run:latest"
+
+
+def node_runs(node_agents: Selector) -> str:
+    """NODE_RUN's expression.
 
     A node may show ranks of two runs for a while (a stale rank of the run before, a
     small job beside another): a join on the node would find two runs and fail the
     whole rule. The run named is the one started last on the node, each node one.
     """
-    latest = (f"topk by (job, instance) (1,\n"
-              f"  max by (job, instance, run) ({node_agents(START)})\n)")
+    return (f"topk by (job, instance) (1,\n"
+            f"  max by (job, instance, run) ({node_agents(START)})\n)")
+
+
+def with_node_run(vector: str) -> str:
+    """``vector`` (a node's series: a GPU, a port) with the ``run`` of the node's ranks
+    (NODE_RUN), as :func:`with_run` joins a rank's; values kept."""
     return (f"(\n  (\n{indent(vector, 4)}\n  )\n  + on (job, instance) group_left (run)\n"
-            f"    (0 * {indent(latest, 4).lstrip()})\n"
+            f"    (0 * {NODE_RUN})\n"
             f"  or\n  (\n{indent(vector, 4)}\n  )\n  unless on (job, instance)\n"
-            f"    {node_agents(START)}\n)")
+            f"    {NODE_RUN}\n)")
 
 
 def runs_with(vector: str) -> str:
@@ -175,9 +201,9 @@ def on_any_rank(build: Callable[[Selector], str], rank_servers: Selector,
     own server cannot answer). The rank servers' view counts only where no agent
     reports the same rank of the same run, so nothing is counted twice.
     """
-    seen_by_agent = with_run(node_agents(PHASE), node_agents)
-    return (f"{with_run(build(node_agents), node_agents)}\nor\n"
-            f"(\n{indent(with_run(build(rank_servers), rank_servers))}\n"
+    seen_by_agent = with_run(node_agents(PHASE))
+    return (f"{with_run(build(node_agents))}\nor\n"
+            f"(\n{indent(with_run(build(rank_servers)))}\n"
             f"  unless on (run, rank)\n{indent(seen_by_agent)}\n)")
 
 

@@ -32,7 +32,7 @@ reads a day of the one-minute recorded series, not of every scrape.
 from __future__ import annotations
 
 from colossalai_exporter.node.infiniband import PHYSICAL_WORDS
-from colossalai_exporter.rulesgen.common import INFO, START
+from colossalai_exporter.rulesgen.common import INFO, NODE_RUN
 from colossalai_exporter.rulesgen.config import RulesConfig, Thresholds
 from colossalai_exporter.rulesgen.model import Alert, Group, Recording
 from colossalai_exporter.rulesgen.promql import (
@@ -96,10 +96,11 @@ class Ports:
                 f"{indent(on_node(chr(10).join(f'{s}{chr(10)}or' for s in sources)[:-3]))}\n)")
 
 
-def with_node_run_by_name(vector: str, agents: Selector) -> str:
+def with_node_run_by_name(vector: str) -> str:
     """``vector`` (by ``node``) with the run started last on that node, as
-    common.with_node_run does by the agent's instance; values kept."""
-    starts = on_node(agents(START))
+    common.with_node_run does by the agent's instance (from its NODE_RUN, recorded by
+    the node alerts' group); values kept."""
+    starts = on_node(NODE_RUN)
     latest = f"topk by (node) (1, max by (node, run) (\n{indent(starts, 4)}\n  ))"
     return (f"(\n  (\n{indent(vector, 4)}\n  )\n  + on (node) group_left (run)\n"
             f"    (0 * {latest})\n"
@@ -209,7 +210,7 @@ def port_down(agents: Selector, th: Thresholds) -> Alert:
           max_over_time({ACTIVE}[{th.infiniband_down_memory}]) == 1
     """)
     return Alert(
-        "InfiniBandPortDown", with_node_run_by_name(down, agents),
+        "InfiniBandPortDown", with_node_run_by_name(down),
         "critical", "An InfiniBand or RoCE port that was active is down.",
         port_and_node("Port") + f" is down{physical_state_words()}; it was active within "
         f"the last {th.infiniband_down_memory}. The ranks using it lose their collectives: "
@@ -226,7 +227,7 @@ def ports_missing(ports: Ports, th: Thresholds) -> tuple[Alert, ...]:
     vanished = with_node_run_by_name(
         f"max_over_time({ACTIVE}[{th.infiniband_down_memory}]) == 1\n"
         f"unless on (node, device, port)\n  {ACTIVE}\n"
-        f"and on (node)\n{indent(answering)}", ports.agents)
+        f"and on (node)\n{indent(answering)}")
     rules = [Alert(
         "InfiniBandPortsMissing", vanished,
         "critical", "A node has fewer active InfiniBand or RoCE ports than it should.",

@@ -118,7 +118,7 @@ def gpu_xids(node_agents: Selector, thresholds: Thresholds) -> tuple[Alert, ...]
     stalls and hangs, alertmanager.yml); warning tells; application-class codes only
     when they keep coming back on one GPU."""
     critical = with_node_run(recent_events(node_agents(XID_EVENTS, tier_is("critical")),
-                                           thresholds.gpu_xid_window), node_agents)
+                                           thresholds.gpu_xid_window))
     count, window = thresholds.gpu_xid_recurring_count, thresholds.gpu_xid_recurring_window
     return (
         Alert(
@@ -202,7 +202,7 @@ def nvlink_down(node_agents: Selector, th: Thresholds) -> Alert:
     links = printf_query(matching("colossalai_gpu_nvlink_links", ("job", "instance", "gpu")),
                          "$labels.job $labels.instance $labels.gpu")
     return Alert(
-        "GPUNVLinkDown", with_node_run(condition, node_agents),
+        "GPUNVLinkDown", with_node_run(condition),
         "critical", "NVLink links of a GPU are down.",
         fill("GPU [[$gpu]] on [[$instance]]: {{ $value }} of {{ with " + links +
              " }}{{ . | first | value }}{{ else }}its{{ end }} NVLink links active — drain "
@@ -219,8 +219,7 @@ def ecc_errors(node_agents: Selector, th: Thresholds) -> tuple[Alert, Alert]:
     H100 limit, 10,000), which ends in uncorrectable ones."""
     ecc = "colossalai_gpu_ecc_volatile_errors_total"
     uncorrected = with_node_run(
-        f"sum without (location) ({node_agents(ecc, label_is('type', 'uncorrected'))}) > 0",
-        node_agents)
+        f"sum without (location) ({node_agents(ecc, label_is('type', 'uncorrected'))}) > 0")
     locations = printf_query(f'{ecc}{{job=%q,instance=%q,gpu=%q,type="uncorrected"}} > 0',
                              "$labels.job $labels.instance $labels.gpu")
     return (
@@ -275,15 +274,14 @@ def gpu_health(node_agents: Selector, config: RulesConfig) -> tuple[Alert, ...]:
     action = node_agents("colossalai_gpu_recovery_action_info", label_is_not("action", "none"))
     return (
         Alert(
-            "GPURecoveryActionRequired", with_node_run(action, node_agents),
+            "GPURecoveryActionRequired", with_node_run(action),
             "critical", "NVML asks for a recovery action on a GPU.",
             fill("GPU [[$gpu]] on [[$instance]]: NVML asks for {{ $labels.action }} — "
                  "[[words]].[[ranks]]", words=recovery_action_words(), ranks=xid_ranks()),
             nodes_dashboard(), subsystem="gpu", remedy=recovery_remedy()),
         Alert(
             "GPURowRemapFailure",
-            with_node_run(node_agents("colossalai_gpu_row_remap_failed") + " == 1",
-                          node_agents),
+            with_node_run(node_agents("colossalai_gpu_row_remap_failed") + " == 1"),
             "critical", "A GPU failed to remap a memory row: it has no spare rows left.",
             fill("GPU [[$gpu]] on [[$instance]]: a row remap failed, the GPU's memory has no "
                  "spare rows left — drain the node and replace the GPU (RMA).[[ranks]]",

@@ -8,7 +8,7 @@ alerts link the nodes dashboard.
 
 from __future__ import annotations
 
-from colossalai_exporter.rulesgen.common import INFO, RANK_UP, nodes_dashboard
+from colossalai_exporter.rulesgen.common import INFO, NODE_RUN, RANK_UP, node_runs, nodes_dashboard
 from colossalai_exporter.rulesgen.config import Duration, RulesConfig, Thresholds
 from colossalai_exporter.rulesgen.fabric import Ports, fabric
 from colossalai_exporter.rulesgen.gpu import gpu_health, gpu_xids
@@ -35,6 +35,9 @@ def node(config: RulesConfig) -> RuleFile:
         """)),
     ))
     alerts = Group("colossalai-node.alerts", (
+        # First, so that the GPU causes after it read this evaluation's (as the
+        # training alerts' RANK_RUN).
+        Recording(NODE_RUN, node_runs(node_agents)),
         *memory_running_out(node_agents, thresholds, config.for_),
         *disks(node_agents, thresholds),
         rendezvous_down(node_agents),

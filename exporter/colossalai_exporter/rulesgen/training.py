@@ -9,8 +9,9 @@ the alert's value, the template queries it (``promql.query``).
 
 from __future__ import annotations
 
+from colossalai_exporter.rulesgen.common import RANK_RUN, rank_runs
 from colossalai_exporter.rulesgen.config import RulesConfig
-from colossalai_exporter.rulesgen.model import Group, RuleFile
+from colossalai_exporter.rulesgen.model import Group, Recording, RuleFile
 from colossalai_exporter.rulesgen.promql import Selector
 from colossalai_exporter.rulesgen.training_deaths import rank_deaths
 from colossalai_exporter.rulesgen.training_errors import rank_errors
@@ -31,6 +32,10 @@ def training(config: RulesConfig) -> RuleFile:
     node_agents = Selector(config.selectors.node)
     thresholds = config.thresholds
     alerts = Group("colossalai-training.alerts", (
+        # First, so that every alert after it reads this evaluation's (a group's rules
+        # run in order, each seeing what the ones before it recorded): a rank that
+        # appears with an out-of-memory error already counted pages at once.
+        Recording(RANK_RUN, rank_runs(rank_servers, node_agents)),
         stalled(rank_servers),
         *hang_suspects(rank_servers, node_agents, thresholds.node_lost_window),
         startup_stuck(rank_servers, node_agents),

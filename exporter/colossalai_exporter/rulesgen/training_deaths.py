@@ -101,7 +101,7 @@ def killed_or_frozen(node_agents: Selector) -> Alert:
             f"  {node_agents(EXIT, NOT_CAUSE_EXITS)}")
     return Alert(
         "TrainingRankDown",
-        with_run(except_in_phase(node_agents, gone, FINISHED), node_agents),
+        with_run(except_in_phase(node_agents, gone, FINISHED)),
         "critical", RANK_DOWN_SUMMARY,
         fill("Rank [[$rank]][[of_run]] on [[$instance]] [[how]].[[reach]]",
              how=how, reach=_down_in_run()),
@@ -130,7 +130,7 @@ def died_of_a_peer(node_agents: Selector, window: Duration) -> Alert:
               f"{node_agents('colossalai_rank_process_alive')} == 1")
     any_cause = "\nor\n".join((
         f"count by (run) ({node_agents(EXIT, EXPLAINING_EXITS)})",
-        runs_with(with_run(frozen, node_agents)),
+        runs_with(with_run(frozen)),
         runs_with(lost_ranks(node_agents, window)),
     ))
     return Alert(
@@ -164,7 +164,7 @@ def unscrapable(rank_servers: Selector, node_agents: Selector) -> Alert:
             * on (job, instance) group_left (run, rank)
               max by (job, instance, run, rank) (last_over_time({rank_servers(INFO)}[1h]))
             unless on (run, rank)
-{indent(with_run(node_agents(RANK_UP), node_agents), 14)}
+{indent(with_run(node_agents(RANK_UP)), 14)}
             unless on (job, instance)
               last_over_time({rank_servers(PHASE, FINISHED)}[1h])
         """),
@@ -187,8 +187,8 @@ def node_lost(rank_servers: Selector, node_agents: Selector, window: Duration) -
     """
     trouble = "\nor\n".join((
         f"count by (run) ({node_agents(EXIT, UNFINISHED_EXITS)})",
-        runs_with(with_run(rank_stalled(node_agents), node_agents)),
-        runs_with(with_run(rank_stalled(rank_servers), rank_servers)),
+        runs_with(with_run(rank_stalled(node_agents))),
+        runs_with(with_run(rank_stalled(rank_servers))),
     ))
     node_ranks = ("job", "instance", "run")
     lost = f"max by (rank) (last_over_time({matching(INFO, node_ranks)}[{window}]))"

@@ -91,7 +91,7 @@ def kernels_not_ready(rank_servers: Selector, kernels_for: Duration) -> Alert:
     not_ready = f"{rank_servers('colossalai_kernels_ready')} == 0"
     return Alert(
         "KernelsNotReady",
-        with_run(except_in_phase(rank_servers, not_ready, ENDED), rank_servers),
+        with_run(except_in_phase(rank_servers, not_ready, ENDED)),
         "warning", "A training rank's ColossalAI kernels are not ready.",
         fill("Rank [[$rank]] of job [[$job]] ([[$instance]]) has reported its kernels not "
              "ready for more than [[for]] (phase [[phase]]).",

@@ -92,7 +92,7 @@ def while_others_wait(vector: str, rank_servers: Selector, node_agents: Selector
     """``vector``, only in runs where ranks wait, in either view (a rank counted in both
     still makes a run wait)."""
     def waiting_ranks(view: Selector) -> str:
-        return runs_with(with_run(answering(view, view(ACTIVITY, WAITING)), view))
+        return runs_with(with_run(answering(view, view(ACTIVITY, WAITING))))
 
     return (f"{vector}\nand on (run)\n(\n{indent(waiting_ranks(node_agents))}\n  or\n"
             f"{indent(waiting_ranks(rank_servers))}\n)")
@@ -151,7 +151,7 @@ def not_responding(rank_servers: Selector, node_agents: Selector) -> Alert:
                            template_args(RANK))
     return Alert(
         "TrainingHangSuspect",
-        while_others_wait(with_run(not_answering, node_agents), rank_servers, node_agents),
+        while_others_wait(with_run(not_answering), rank_servers, node_agents),
         "critical", SUMMARY,
         fill("Rank [[$rank]][[of_run]] on [[$instance]] is the rank the others wait for: "
              "it is not responding ([[why]]; state snapshot [[age]] old)[[waiting]]."
@@ -170,7 +170,7 @@ def nccl_problem(rank_servers: Selector, node_agents: Selector) -> Alert:
     reported = block(node_agents(PROBLEM, BROKEN, 'rank!=""'), "max by (job, instance, rank)")
     return Alert(
         "TrainingHangSuspect",
-        while_others_wait(with_run(reported, node_agents), rank_servers, node_agents),
+        while_others_wait(with_run(reported), rank_servers, node_agents),
         "critical", SUMMARY,
         fill("Rank [[$rank]][[of_run]] on [[$instance]] is the rank the others wait for: "
              "NCCL's RAS service reports it [[what]][[waiting]].[[last_error]]",
@@ -195,8 +195,8 @@ def unreachable(node_agents: Selector, window: Duration) -> Alert:
     node (one page for one lost node).
     """
     missing = node_agents(PROBLEM, UNREACHABLE, 'rank!=""', 'run!=""')
-    seen = with_run(node_agents(RANK_UP), node_agents)
-    stalled = runs_with(with_run(rank_stalled(node_agents), node_agents))
+    seen = with_run(node_agents(RANK_UP))
+    stalled = runs_with(with_run(rank_stalled(node_agents)))
     problem = f"max by (problem) ({PROBLEM}{{run=%q,rank=%q,{UNREACHABLE}}})"
     return Alert(
         "TrainingHangSuspect",
@@ -254,7 +254,7 @@ def collectives_behind(rank_servers: Selector, node_agents: Selector) -> Alert:
     # behind only elsewhere (a 2x2 mesh paged a waiting rank so, for one evaluation).
     def unreported(view: Selector) -> str:
         silent = f"{rank_stalled(view)}\nunless on (job, instance, rank)\n  {view(ENQUEUED)}"
-        return block(with_run(answering(view, silent), view), "max by (run)")
+        return block(with_run(answering(view, silent)), "max by (run)")
 
     incomplete = (f"(\n{indent(unreported(node_agents))}\nor\n"
                   f"{indent(unreported(rank_servers))}\n)")

@@ -54,7 +54,7 @@ def stalled(rank_servers: Selector) -> Alert:
     """)
     return Alert(
         "TrainingStalled",
-        with_run(only_in_phase(rank_servers, without_step, TRAINING), rank_servers),
+        with_run(only_in_phase(rank_servers, without_step, TRAINING)),
         "critical", "A training rank has made no step for longer than its step budget.",
         fill("Rank [[$rank]] of job [[$job]] ([[$instance]]) has made no training step "
              "for {{ $value | humanizeDuration }} (step budget [[budget]]).[[where]]"
