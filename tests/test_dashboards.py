@@ -25,6 +25,7 @@ from colossalai_exporter.dashboards.cli import generate
 from colossalai_exporter.dashboards.dashboard import SCHEMA_VERSION
 from colossalai_exporter.dashboards.model import DATASOURCE, GRID_COLUMNS
 from colossalai_exporter.rulesgen import common, fabric, rules
+from colossalai_exporter.rulesgen import training_hangs as hangs
 from colossalai_exporter.rulesgen.names import metric_names
 from conftest import REPO, require_binary, run_cli
 from grafana_render import jsonmodel
@@ -257,7 +258,8 @@ def test_queries_use_only_catalogued_metrics_and_existing_recording_rules() -> N
                     *(rules.checkpointed_increase(w) for w in rules.GOODPUT_WINDOWS),
                     fabric.STATE,  # the ports' state, drawn as active or not
                     # each rank's and each node's run, joined by the alerts
-                    common.RANK_RUN, common.NODE_RUN}
+                    common.RANK_RUN, common.NODE_RUN, common.AGENT_RANKS,
+                    hangs.WAITING_RUNS}
     assert used & _recording_rules() == _recording_rules() - intermediate
 
 

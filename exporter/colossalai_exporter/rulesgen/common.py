@@ -133,6 +133,17 @@ def rank_runs(rank_servers: Selector, node_agents: Selector) -> str:
             f"group by (job, instance, rank) (\n{indent(ranks)}\n)")
 
 
+#: The ranks (by run) some node agent reports: the ranks whose rank-server view
+#: :func:`on_any_rank` leaves out. Recorded after RANK_RUN, once: every rank's phases
+#: are seven series a rank, the widest read of all.
+AGENT_RANKS = "run_rank:colossalai_training_seen_by_agent:group"
+
+
+def agent_ranks(node_agents: Selector) -> str:
+    """AGENT_RANKS' expression."""
+    return f"group by (run, rank) (\n{indent(with_run(node_agents(PHASE)))}\n)"
+
+
 def with_run(vector: str) -> str:
     """``vector`` (a rank's series, of either view) with the ``run`` label of its rank's
     ``colossalai_training_info``, joined from RANK_RUN.
@@ -201,10 +212,9 @@ def on_any_rank(build: Callable[[Selector], str], rank_servers: Selector,
     own server cannot answer). The rank servers' view counts only where no agent
     reports the same rank of the same run, so nothing is counted twice.
     """
-    seen_by_agent = with_run(node_agents(PHASE))
     return (f"{with_run(build(node_agents))}\nor\n"
             f"(\n{indent(with_run(build(rank_servers)))}\n"
-            f"  unless on (run, rank)\n{indent(seen_by_agent)}\n)")
+            f"  unless on (run, rank)\n    {AGENT_RANKS}\n)")
 
 
 def one_view_per_rank(build: Callable[[Selector], str], rank_servers: Selector,

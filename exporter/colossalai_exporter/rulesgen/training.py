@@ -9,7 +9,7 @@ the alert's value, the template queries it (``promql.query``).
 
 from __future__ import annotations
 
-from colossalai_exporter.rulesgen.common import RANK_RUN, rank_runs
+from colossalai_exporter.rulesgen.common import AGENT_RANKS, RANK_RUN, agent_ranks, rank_runs
 from colossalai_exporter.rulesgen.config import RulesConfig
 from colossalai_exporter.rulesgen.model import Group, Recording, RuleFile
 from colossalai_exporter.rulesgen.promql import Selector
@@ -36,6 +36,7 @@ def training(config: RulesConfig) -> RuleFile:
         # run in order, each seeing what the ones before it recorded): a rank that
         # appears with an out-of-memory error already counted pages at once.
         Recording(RANK_RUN, rank_runs(rank_servers, node_agents)),
+        Recording(AGENT_RANKS, agent_ranks(node_agents)),
         stalled(rank_servers),
         *hang_suspects(rank_servers, node_agents, thresholds.node_lost_window),
         startup_stuck(rank_servers, node_agents),

@@ -34,7 +34,7 @@ from colossalai_exporter.rulesgen.common import (
     with_run,
 )
 from colossalai_exporter.rulesgen.config import Duration
-from colossalai_exporter.rulesgen.model import Alert
+from colossalai_exporter.rulesgen.model import Alert, Recording
 from colossalai_exporter.rulesgen.promql import (
     Selector,
     block,
@@ -64,9 +64,10 @@ SUMMARY = "The rank a stalled training run is waiting for."
 
 
 def hang_suspects(rank_servers: Selector, node_agents: Selector,
-                  window: Duration) -> tuple[Alert, ...]:
+                  window: Duration) -> tuple[Alert | Recording, ...]:
     """Every rule of the family, in the order the rule file lists them."""
-    return (outside_collective(rank_servers, node_agents),
+    return (waiting_runs(rank_servers, node_agents),
+            outside_collective(rank_servers, node_agents),
             not_responding(rank_servers, node_agents),
             nccl_problem(rank_servers, node_agents),
             collectives_behind(rank_servers, node_agents),
@@ -88,14 +89,23 @@ def outside_own_phases(view: Selector, vector: str) -> str:
     return f"{vector}\nunless on (job, instance, rank)\n  {in_phase(view, OWN_PHASES)}"
 
 
-def while_others_wait(vector: str, rank_servers: Selector, node_agents: Selector) -> str:
-    """``vector``, only in runs where ranks wait, in either view (a rank counted in both
-    still makes a run wait)."""
+#: The runs where ranks that answer wait for the others (in a collective, in backward),
+#: in either view, valued by how many (a rank counted in both still makes a run wait):
+#: recorded once, before the family's rules, which three of them read.
+WAITING_RUNS = "run:colossalai_training_ranks_waiting:count"
+
+
+def waiting_runs(rank_servers: Selector, node_agents: Selector) -> Recording:
     def waiting_ranks(view: Selector) -> str:
         return runs_with(with_run(answering(view, view(ACTIVITY, WAITING))))
 
-    return (f"{vector}\nand on (run)\n(\n{indent(waiting_ranks(node_agents))}\n  or\n"
-            f"{indent(waiting_ranks(rank_servers))}\n)")
+    return Recording(WAITING_RUNS, f"{waiting_ranks(node_agents)}\nor\n"
+                                   f"{waiting_ranks(rank_servers)}")
+
+
+def while_others_wait(vector: str) -> str:
+    """``vector``, only in runs where ranks wait (WAITING_RUNS)."""
+    return f"{vector}\nand on (run)\n  {WAITING_RUNS}"
 
 
 def _waiting_text() -> str:
@@ -117,8 +127,7 @@ def named_outside(rank_servers: Selector, node_agents: Selector) -> str:
         active = block(view(ACTIVITY, NOT_WAITING), "max without (collective, frame)")
         return outside_own_phases(view, answering(view, active))
 
-    return while_others_wait(block(on_any_rank(elsewhere, rank_servers, node_agents)),
-                             rank_servers, node_agents)
+    return while_others_wait(block(on_any_rank(elsewhere, rank_servers, node_agents)))
 
 
 def outside_collective(rank_servers: Selector, node_agents: Selector) -> Alert:
@@ -151,7 +160,7 @@ def not_responding(rank_servers: Selector, node_agents: Selector) -> Alert:
                            template_args(RANK))
     return Alert(
         "TrainingHangSuspect",
-        while_others_wait(with_run(not_answering), rank_servers, node_agents),
+        while_others_wait(with_run(not_answering)),
         "critical", SUMMARY,
         fill("Rank [[$rank]][[of_run]] on [[$instance]] is the rank the others wait for: "
              "it is not responding ([[why]]; state snapshot [[age]] old)[[waiting]]."
@@ -170,7 +179,7 @@ def nccl_problem(rank_servers: Selector, node_agents: Selector) -> Alert:
     reported = block(node_agents(PROBLEM, BROKEN, 'rank!=""'), "max by (job, instance, rank)")
     return Alert(
         "TrainingHangSuspect",
-        while_others_wait(with_run(reported), rank_servers, node_agents),
+        while_others_wait(with_run(reported)),
         "critical", SUMMARY,
         fill("Rank [[$rank]][[of_run]] on [[$instance]] is the rank the others wait for: "
              "NCCL's RAS service reports it [[what]][[waiting]].[[last_error]]",
