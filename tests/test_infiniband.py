@@ -39,6 +39,20 @@ def collect(collector: InfinibandCollector) -> dict[tuple[str, tuple[str, ...]],
             for f in families for s in f.samples}
 
 
+def collect_linted(root: Path) -> dict[tuple[str, tuple[str, ...]], float]:
+    """What a collector of ``root`` serves, after ``promtool check metrics`` passed on it."""
+    collector = InfinibandCollector(root)
+    try:
+        got = collect(collector)
+        text = exposition(list(collector.collect(time.monotonic() + 5)))
+    finally:
+        collector.close()
+    lint = subprocess.run([require_binary("promtool"), "check", "metrics"], input=text,
+                          capture_output=True, text=True, timeout=30, check=False)
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    return got
+
+
 def labels(device: str, port_: str = "1", **more: str) -> tuple[tuple[str, str], ...]:
     return tuple(sorted({"device": device, "port": port_, **more}.items()))
 
@@ -47,12 +61,7 @@ def test_ports_their_state_rate_and_counters(tmp_path: Path) -> None:
     port(tmp_path, "mlx5_0", 1, symbol_error=3)
     port(tmp_path, "mlx5_1", 1, state="1: DOWN", phys="2: Polling", link_downed=2)
     port(tmp_path, "mlx5_bond_0", 1, rate="200 Gb/sec (4X HDR)", link_layer="Ethernet")
-    collector = InfinibandCollector(tmp_path)
-    try:
-        got = collect(collector)
-        text = exposition(list(collector.collect(time.monotonic() + 5)))
-    finally:
-        collector.close()
+    got = collect_linted(tmp_path)
     assert got[("colossalai_infiniband_state_id", labels("mlx5_0"))] == 4
     assert got[("colossalai_infiniband_state_id", labels("mlx5_1"))] == 1
     assert got[("colossalai_infiniband_physical_state_id", labels("mlx5_1"))] == 2
@@ -63,9 +72,6 @@ def test_ports_their_state_rate_and_counters(tmp_path: Path) -> None:
                 labels("mlx5_bond_0", link_layer="Ethernet"))] == 1
     assert got[("colossalai_infiniband_port_info",
                 labels("mlx5_0", link_layer="InfiniBand"))] == 1
-    lint = subprocess.run([require_binary("promtool"), "check", "metrics"], input=text,
-                          capture_output=True, text=True, timeout=30, check=False)
-    assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
 def roce_port(root: Path, device: str, interface: str, *, carrier_changes: int,
@@ -96,12 +102,7 @@ def test_a_roce_port_serves_its_transport_errors_and_its_interfaces_flaps(
               rnr_nak_retry_err=1)
     roce_port(sysfs, "mlx5_3", "ens4np0", carrier_changes=2, by_gid=False)
     port(sysfs, "mlx5_0", 1)  # InfiniBand: no interface to read
-    collector = InfinibandCollector(sysfs)
-    try:
-        got = collect(collector)
-        text = exposition(list(collector.collect(time.monotonic() + 5)))
-    finally:
-        collector.close()
+    got = collect_linted(sysfs)
     errors = "colossalai_infiniband_hw_errors_total"
     assert got[(errors, labels("mlx5_2", kind="local_ack_timeout_err"))] == 12
     assert got[(errors, labels("mlx5_2", kind="rnr_nak_retry_err"))] == 1
@@ -113,9 +114,6 @@ def test_a_roce_port_serves_its_transport_errors_and_its_interfaces_flaps(
     assert got[(carrier, labels("mlx5_2"))] == 7
     assert got[(carrier, labels("mlx5_3"))] == 2
     assert not [k for k in got if k[0] == carrier and dict(k[1])["device"] == "mlx5_0"]
-    lint = subprocess.run([require_binary("promtool"), "check", "metrics"], input=text,
-                          capture_output=True, text=True, timeout=30, check=False)
-    assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
 def test_a_node_without_rdma_serves_no_port_and_does_not_fail(tmp_path: Path) -> None:

@@ -219,9 +219,19 @@ def test_ports_missing_with_the_sites_expected_ports(tmp_path: Path) -> None:
 def test_every_hardware_alert_names_its_subsystem_and_remedy() -> None:
     """The verdict (rulesgen/verdict.py) summarises the alerts that carry both labels: every
     GPU and fabric alert but the job's GPU memory and the agent's own blindness."""
-    from colossalai_exporter.rulesgen.verdict import REMEDIES, SUBSYSTEMS, check_mappings
+    from colossalai_exporter.node.gpu import xid
+    from colossalai_exporter.node.gpu.health import RECOVERY_ACTION_WORDS
+    from colossalai_exporter.rulesgen.verdict import (
+        RECOVERY_REMEDIES,
+        REMEDIES,
+        SUBSYSTEMS,
+        XID_REMEDIES,
+    )
 
-    check_mappings()
+    # every action the Xid catalog and NVML name has a remedy of the ladder
+    assert set(XID_REMEDIES) == set(xid.actions())
+    assert set(RECOVERY_REMEDIES) == set(RECOVERY_ACTION_WORDS)
+    assert set(XID_REMEDIES.values()) | set(RECOVERY_REMEDIES.values()) <= set(REMEDIES)
     (node,) = [f for f in rules.build(rules_config.load(DEFAULT_CONFIG))
                if f.name == "colossalai-node"]
     alerts = [r for g in node.groups for r in g.rules if isinstance(r, rules.Alert)]

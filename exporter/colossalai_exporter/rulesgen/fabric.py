@@ -37,6 +37,7 @@ from colossalai_exporter.rulesgen.config import RulesConfig, Thresholds
 from colossalai_exporter.rulesgen.model import Alert, Group, Recording
 from colossalai_exporter.rulesgen.promql import (
     Selector,
+    choose,
     expr,
     indent,
     label_is,
@@ -92,8 +93,8 @@ class Ports:
         if over:
             sources = [over % source for source in sources]
         sources += [also] if also else []
-        return (f"max by (node, device, port) (\n"
-                f"{indent(on_node(chr(10).join(f'{s}{chr(10)}or' for s in sources)[:-3]))}\n)")
+        either = on_node("\nor\n".join(sources))
+        return f"max by (node, device, port) (\n{indent(either)}\n)"
 
 
 def with_node_run_by_name(vector: str) -> str:
@@ -115,10 +116,10 @@ def physical_state_words() -> str:
     """" (physical state: polling: it sees no peer …)" for the alert's port."""
     current = printf_query(f'{PHYSICAL_STATE}{{node=%q,device=%q,port=%q}}',
                            "$labels.node $labels.device $labels.port")
-    chain = "".join(f'{{{{ {"if" if i == 0 else "else if"} eq .Value {state}.0 }}}}{words}'
-                    for i, (state, words) in enumerate(PHYSICAL_WORDS.items()))
-    return (f"{{{{ with {current} }}}}{{{{ with first . }}}} (physical state: {chain}"
-            "{{ else }}{{ .Value }}{{ end }}){{ end }}{{ end }}")
+    chain = choose(".Value", ((f"{state}.0", words) for state, words in PHYSICAL_WORDS.items()),
+                   "{{ .Value }}")
+    return (f"{{{{ with {current} }}}}{{{{ with first . }}}} (physical state: {chain})"
+            "{{ end }}{{ end }}")
 
 
 def node_ranks(agents: Selector) -> str:

@@ -27,6 +27,7 @@ from colossalai_exporter.rulesgen.config import Duration, RulesConfig, Threshold
 from colossalai_exporter.rulesgen.model import Alert
 from colossalai_exporter.rulesgen.promql import (
     Selector,
+    choose,
     expr,
     fill,
     label_is,
@@ -34,6 +35,7 @@ from colossalai_exporter.rulesgen.promql import (
     matching,
     number,
     printf_query,
+    quoted,
 )
 from colossalai_exporter.rulesgen.verdict import recovery_remedy, xid_remedy
 
@@ -68,9 +70,8 @@ def xid_action_words() -> str:
     """The alert's ``action`` label in words (a Go template chain)."""
     words = xid.actions()
     fallback = words.pop(xid.LOOK_UP)
-    chain = "".join(f'{{{{ {"if" if i == 0 else "else if"} eq $labels.action "{key}" }}}}'
-                    f"{text}" for i, (key, text) in enumerate(words.items()))
-    return chain + "{{ else }}" + fallback + "{{ end }}"
+    return choose("$labels.action", ((quoted(key), text) for key, text in words.items()),
+                  fallback)
 
 
 def xid_after_reboot() -> str:
@@ -150,9 +151,9 @@ def gpu_xids(node_agents: Selector, thresholds: Thresholds) -> tuple[Alert, ...]
 
 def recovery_action_words() -> str:
     """The alert's ``action`` label as an instruction (a Go template chain)."""
-    chain = "".join(f'{{{{ {"if" if i == 0 else "else if"} eq $labels.action "{key}" }}}}'
-                    f"{text}" for i, (key, text) in enumerate(RECOVERY_ACTION_WORDS.items()))
-    return chain + "{{ else }}see NVIDIA's documentation of this recovery action{{ end }}"
+    return choose("$labels.action",
+                  ((quoted(key), text) for key, text in RECOVERY_ACTION_WORDS.items()),
+                  "see NVIDIA's documentation of this recovery action")
 
 
 #: the clock event reasons the agent exports (node/gpu/health.SLOWDOWN_REASONS), in words
@@ -175,11 +176,10 @@ def rank_gpu_slowdowns(by_run: bool) -> str:
               'and on (job, instance, gpu) colossalai_gpu_rank_info{rank="%s"} '
               f'and on (job, instance) {INFO}{{rank="%s"{run}}}')
     args = "$labels.rank $labels.rank" + (" $labels.run" if by_run else "")
-    words = "".join(f'{{{{ {"if" if i == 0 else "else if"} eq .Labels.reason "{key}" }}}}'
-                    f"{text}" for i, (key, text) in enumerate(SLOWDOWN_WORDS.items()))
+    words = choose(".Labels.reason", ((quoted(key), text) for key, text in SLOWDOWN_WORDS.items()),
+                   "{{ .Labels.reason }}")
     return (f"{{{{ range {printf_query(promql, args)} }}}} Its GPU {{{{ .Labels.gpu }}}} on "
-            f"{{{{ .Labels.instance }}}} is in {words}{{{{ else }}}}{{{{ .Labels.reason }}}}"
-            "{{ end }}.{{ end }}")
+            f"{{{{ .Labels.instance }}}} is in {words}.{{{{ end }}}}")
 
 
 def nvlink_down(node_agents: Selector, th: Thresholds) -> Alert:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import textwrap
+from collections.abc import Iterable
 
 # Characters RE2 treats as special; job names rarely have them, but a dot must not match anything.
 _RE2_SPECIAL = re.compile(r"([.+*?()\[\]{}|^$\\])")
@@ -106,6 +107,19 @@ def query(metric: str, match: tuple[str, ...], pipe: str, extra: str = "",
     pipeline = printf_query(matching(metric, match, extra), template_args(match))
     return (f"{{{{ with {pipeline} }}}}{{{{ . | first | {pipe} }}}}"
             f"{{{{ else }}}}{otherwise}{{{{ end }}}}")
+
+
+def choose(subject: str, cases: Iterable[tuple[str, str]], otherwise: str) -> str:
+    """A Go template chain: the text of the first case whose operands ``subject`` equals
+    (``eq`` takes several: ``'"a" "b"'``), else ``otherwise``."""
+    chain = "".join(f'{{{{ {"if" if i == 0 else "else if"} eq {subject} {operands} }}}}{text}'
+                    for i, (operands, text) in enumerate(cases))
+    return f"{chain}{{{{ else }}}}{otherwise}{{{{ end }}}}"
+
+
+def quoted(*values: str) -> str:
+    """``"a" "b"``: template string operands."""
+    return " ".join(f'"{v}"' for v in values)
 
 
 def fill(template: str, **values: object) -> str:

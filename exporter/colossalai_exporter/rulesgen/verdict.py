@@ -26,10 +26,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from colossalai_exporter.node.gpu import xid
-from colossalai_exporter.node.gpu.health import RECOVERY_ACTION_WORDS
 from colossalai_exporter.rulesgen.fabric import NODE_OF_INSTANCE, Ports, on_node
 from colossalai_exporter.rulesgen.model import Group, Recording
-from colossalai_exporter.rulesgen.promql import indent, matching, printf_query
+from colossalai_exporter.rulesgen.promql import choose, indent, matching, printf_query, quoted
 
 SUBSYSTEMS = ("gpu", "nvlink", "infiniband")
 #: what a node needs, least to most, with the words of a page's first line
@@ -68,29 +67,13 @@ REMEDY = "node:colossalai_hardware_remedy:max"
 _FIRING = 'ALERTS{alertstate="firing", subsystem!="", record_only!="true"'
 
 
-def check_mappings() -> None:
-    """Every action the catalog and NVML name has a remedy (tests/test_rules.py)."""
-    missing = (set(xid.actions()) - set(XID_REMEDIES)) | \
-        (set(RECOVERY_ACTION_WORDS) - set(RECOVERY_REMEDIES))
-    wrong = {r for r in (*XID_REMEDIES.values(), *RECOVERY_REMEDIES.values())
-             if r not in REMEDIES}
-    if missing or wrong:
-        raise ValueError(f"actions without a remedy: {sorted(missing)}; "
-                         f"not remedies: {sorted(wrong)}")
-
-
 def remedy_of(label: str, mapping: Mapping[str, str], otherwise: str) -> str:
     """A label template: the remedy for the alert's ``label`` by ``mapping``."""
     by_remedy: dict[str, list[str]] = {}
     for value, remedy in mapping.items():
         by_remedy.setdefault(remedy, []).append(value)
-    chain = ""
-    for i, (remedy, values) in enumerate(by_remedy.items()):
-        test = " ".join(f'"{v}"' for v in values)
-        condition = (f"eq $labels.{label} {test}" if len(values) > 1
-                     else f'eq $labels.{label} "{values[0]}"')
-        chain += f'{{{{ {"if" if i == 0 else "else if"} {condition} }}}}{remedy}'
-    return chain + f"{{{{ else }}}}{otherwise}{{{{ end }}}}"
+    return choose(f"$labels.{label}",
+                  ((quoted(*values), remedy) for remedy, values in by_remedy.items()), otherwise)
 
 
 def xid_remedy() -> str:
