@@ -116,6 +116,41 @@ def rank_stalled(view: Selector) -> str:
     return f"{view(STALLED)} == 1"
 
 
+# What the alerts read of many ranks, recorded once at the head of their group (after
+# RANK_RUN), each a set that is empty while the fleet is healthy. Read from a rank's
+# own series, each cost a read of every rank's series in each of up to ten rules; read
+# from these, a rule reads only the ranks in trouble (bench/RESULTS.md, issue 30).
+# Recorded from both views; a rule keeps its view's ranks by the view's own matchers,
+# which the recorded series keep (a recording rule keeps the labels it reads).
+
+#: The ranks of either view that are down (rank_down), valued 0 as their up series.
+DOWN_RANKS = "job_instance_rank:colossalai_rank_up:down"
+#: The ranks of either view that judge themselves stalled (rank_stalled), valued 1.
+STALLED_RANKS = "job_instance_rank:colossalai_training_stalled:stalled"
+
+
+def down_ranks_rule(rank_servers: Selector, node_agents: Selector) -> str:
+    """DOWN_RANKS' expression."""
+    return f"{rank_down(node_agents)}\nor\n{rank_down(rank_servers)}"
+
+
+def stalled_ranks_rule(rank_servers: Selector, node_agents: Selector) -> str:
+    """STALLED_RANKS' expression."""
+    return f"{rank_stalled(node_agents)}\nor\n{rank_stalled(rank_servers)}"
+
+
+def down(view: Selector) -> str:
+    """rank_down's ranks as recorded at the head of the alerts' group (DOWN_RANKS): for the
+    rules of that group, after the recording; the other groups read rank_down."""
+    return view(DOWN_RANKS)
+
+
+def stalled_now(view: Selector) -> str:
+    """rank_stalled's ranks as recorded at the head of the alerts' group (STALLED_RANKS):
+    for the rules of that group, after the recording."""
+    return view(STALLED_RANKS)
+
+
 #: Every rank of either view, with the ``run`` of its ``colossalai_training_info``
 #: (none where the rank has no info: a monitor older than the label): one series a
 #: rank, recorded first in the training file so each alert joins it once.
@@ -226,6 +261,12 @@ def one_view_per_rank(build: Callable[[Selector], str], rank_servers: Selector,
     node = build(node_agents)
     return (f"{node}\nor\n(\n{indent(build(rank_servers))}\n  unless on (run, rank)\n"
             f"{indent(node)}\n)")
+
+
+#: lost_ranks' ranks (of the node agents' view only), recorded once at the head of the
+#: alerts' group, which three rules read: each read of every rank's info over the window
+#: cost about 40 ms at 4,096 ranks; the recorded set is empty while every agent answers.
+LOST_RANKS = "job_instance_run_rank:colossalai_training_info:lost"
 
 
 def lost_ranks(node_agents: Selector, window: Duration) -> str:

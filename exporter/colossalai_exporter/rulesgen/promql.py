@@ -97,14 +97,15 @@ def first_sample(promql: str, args: str, body: str, otherwise: str | None = None
 
 
 def query(metric: str, match: tuple[str, ...], pipe: str, extra: str = "",
-          otherwise: str = "unknown") -> str:
+          otherwise: str = "unknown", before: str = "") -> str:
     """Template text that queries ``metric`` for the alert's series and formats the first result.
 
     ``match`` are the alert's labels to select by, ``pipe`` what to do with the
     first sample (``value | humanizeDuration``, ``label "reason"``), ``extra`` a
-    PromQL suffix such as `` == 1``. Renders ``otherwise`` when nothing matches.
+    PromQL suffix such as `` == 1`` and ``before`` a prefix such as ``time() -``.
+    Renders ``otherwise`` when nothing matches.
     """
-    pipeline = printf_query(matching(metric, match, extra), template_args(match))
+    pipeline = printf_query(before + matching(metric, match, extra), template_args(match))
     return (f"{{{{ with {pipeline} }}}}{{{{ . | first | {pipe} }}}}"
             f"{{{{ else }}}}{otherwise}{{{{ end }}}}")
 

@@ -9,7 +9,18 @@ the alert's value, the template queries it (``promql.query``).
 
 from __future__ import annotations
 
-from colossalai_exporter.rulesgen.common import AGENT_RANKS, RANK_RUN, agent_ranks, rank_runs
+from colossalai_exporter.rulesgen.common import (
+    AGENT_RANKS,
+    DOWN_RANKS,
+    LOST_RANKS,
+    RANK_RUN,
+    STALLED_RANKS,
+    agent_ranks,
+    down_ranks_rule,
+    lost_ranks,
+    rank_runs,
+    stalled_ranks_rule,
+)
 from colossalai_exporter.rulesgen.config import RulesConfig
 from colossalai_exporter.rulesgen.model import Group, Recording, RuleFile
 from colossalai_exporter.rulesgen.promql import Selector
@@ -37,8 +48,12 @@ def training(config: RulesConfig) -> RuleFile:
         # appears with an out-of-memory error already counted pages at once.
         Recording(RANK_RUN, rank_runs(rank_servers, node_agents)),
         Recording(AGENT_RANKS, agent_ranks(node_agents)),
+        # What many alerts read of every rank, each once (common.py, DOWN_RANKS).
+        Recording(DOWN_RANKS, down_ranks_rule(rank_servers, node_agents)),
+        Recording(STALLED_RANKS, stalled_ranks_rule(rank_servers, node_agents)),
+        Recording(LOST_RANKS, lost_ranks(node_agents, thresholds.node_lost_window)),
         stalled(rank_servers),
-        *hang_suspects(rank_servers, node_agents, thresholds.node_lost_window),
+        *hang_suspects(rank_servers, node_agents),
         startup_stuck(rank_servers, node_agents),
         checkpoint_stuck(rank_servers, node_agents),
         restart_loop(rank_servers, node_agents, thresholds),

@@ -17,17 +17,17 @@ from __future__ import annotations
 from colossalai_exporter.rulesgen.common import (
     FINISHED,
     INFO,
+    LOST_RANKS,
     PHASE,
     RANK,
     RANK_UP,
+    down,
     except_in_phase,
-    lost_ranks,
     nodes_dashboard,
-    rank_down,
-    rank_stalled,
     ranks_of_run,
     runs_with,
     snapshot_age,
+    stalled_now,
     training_job_dashboard,
     with_run,
 )
@@ -64,7 +64,7 @@ RANK_DOWN_SUMMARY = "A training rank's process is gone or has stopped publishing
 def rank_deaths(rank_servers: Selector, node_agents: Selector,
                 window: Duration) -> tuple[Alert, ...]:
     """Every rule of the family, in the order the rule file lists them."""
-    return (killed_or_frozen(node_agents), died_of_a_peer(node_agents, window),
+    return (killed_or_frozen(node_agents), died_of_a_peer(node_agents),
             unscrapable(rank_servers, node_agents), oom_killed(node_agents),
             node_lost(rank_servers, node_agents, window))
 
@@ -97,7 +97,7 @@ def killed_or_frozen(node_agents: Selector) -> Alert:
         "{{ else }}was killed: {{ .Labels.detail }}{{ end }}",
         otherwise=("is not responding: its process is alive but has published nothing for "
                    f"{snapshot_age()} (frozen in a C call holding the GIL, or stopped)"))
-    gone = (f"{rank_down(node_agents)}\nunless on (job, instance, rank)\n"
+    gone = (f"{down(node_agents)}\nunless on (job, instance, rank)\n"
             f"  {node_agents(EXIT, NOT_CAUSE_EXITS)}")
     return Alert(
         "TrainingRankDown",
@@ -122,16 +122,16 @@ def oom_killed(node_agents: Selector) -> Alert:
         nodes_dashboard())
 
 
-def died_of_a_peer(node_agents: Selector, window: Duration) -> Alert:
+def died_of_a_peer(node_agents: Selector) -> Alert:
     """TrainingRankDown for a rank that failed because a peer did, where no rank of its run
     is known to have ended first: the cause is out of sight (a rank on a node without an
     agent, the network between nodes). Paged, so that nothing is silent."""
-    frozen = (f"{rank_down(node_agents)} and on (job, instance, rank) "
+    frozen = (f"{down(node_agents)} and on (job, instance, rank) "
               f"{node_agents('colossalai_rank_process_alive')} == 1")
     any_cause = "\nor\n".join((
         f"count by (run) ({node_agents(EXIT, EXPLAINING_EXITS)})",
         runs_with(with_run(frozen)),
-        runs_with(lost_ranks(node_agents, window)),
+        runs_with(LOST_RANKS),
     ))
     return Alert(
         "TrainingRankDown",
@@ -187,15 +187,15 @@ def node_lost(rank_servers: Selector, node_agents: Selector, window: Duration) -
     """
     trouble = "\nor\n".join((
         f"count by (run) ({node_agents(EXIT, UNFINISHED_EXITS)})",
-        runs_with(with_run(rank_stalled(node_agents))),
-        runs_with(with_run(rank_stalled(rank_servers))),
+        runs_with(with_run(stalled_now(node_agents))),
+        runs_with(with_run(stalled_now(rank_servers))),
     ))
     node_ranks = ("job", "instance", "run")
     lost = f"max by (rank) (last_over_time({matching(INFO, node_ranks)}[{window}]))"
     lost_pipeline = printf_query(lost, template_args(node_ranks))
     return Alert(
         "TrainingNodeLost",
-        f"{block(lost_ranks(node_agents, window), 'count by (job, instance, run)')}\n"
+        f"{block(LOST_RANKS, 'count by (job, instance, run)')}\n"
         f"and on (run)\n{block(trouble)}",
         "critical", "A node running training ranks is gone, with its node agent.",
         fill('Node [[$instance]] stopped answering, and with it {{ $value | printf "%.0f" }} '

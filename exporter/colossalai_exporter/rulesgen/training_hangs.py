@@ -17,23 +17,22 @@ from colossalai_exporter.rankstate.schema import WAITING as WAITING_ACTIVITIES
 from colossalai_exporter.rulesgen.common import (
     ACTIVITY,
     INFO,
+    LOST_RANKS,
     RANK,
     RANK_UP,
+    down,
     in_phase,
     last_error,
-    lost_ranks,
     nodes_dashboard,
     on_any_rank,
     one_view_per_rank,
     phase_is,
-    rank_down,
-    rank_stalled,
     runs_with,
     snapshot_age,
+    stalled_now,
     training_dashboard,
     with_run,
 )
-from colossalai_exporter.rulesgen.config import Duration
 from colossalai_exporter.rulesgen.model import Alert, Recording
 from colossalai_exporter.rulesgen.promql import (
     Selector,
@@ -63,21 +62,21 @@ ENQUEUED = "colossalai_training_collective_enqueued"
 SUMMARY = "The rank a stalled training run is waiting for."
 
 
-def hang_suspects(rank_servers: Selector, node_agents: Selector,
-                  window: Duration) -> tuple[Alert | Recording, ...]:
+def hang_suspects(rank_servers: Selector,
+                  node_agents: Selector) -> tuple[Alert | Recording, ...]:
     """Every rule of the family, in the order the rule file lists them."""
     return (waiting_runs(rank_servers, node_agents),
             outside_collective(rank_servers, node_agents),
             not_responding(rank_servers, node_agents),
             nccl_problem(rank_servers, node_agents),
             collectives_behind(rank_servers, node_agents),
-            unreachable(node_agents, window))
+            unreachable(node_agents))
 
 
 def answering(view: Selector, vector: str) -> str:
     """``vector`` of the ranks that answer: a dead rank's last snapshot still says where
     it was."""
-    return f"{vector}\nunless on (job, instance, rank)\n  ({rank_down(view)})"
+    return f"{vector}\nunless on (job, instance, rank)\n  {down(view)}"
 
 
 def outside_own_phases(view: Selector, vector: str) -> str:
@@ -150,7 +149,7 @@ def not_responding(rank_servers: Selector, node_agents: Selector) -> Alert:
     run wait."""
     not_answering = outside_own_phases(node_agents, expr(f"""
         (
-            ({rank_down(node_agents)} and on (job, instance, rank)
+            ({down(node_agents)} and on (job, instance, rank)
               {node_agents("colossalai_rank_process_alive")} == 1)
           or
             {node_agents("colossalai_rank_process_stopped")} == 1
@@ -192,7 +191,7 @@ def nccl_problem(rank_servers: Selector, node_agents: Selector) -> Alert:
         nodes_dashboard(), cause="nccl")
 
 
-def unreachable(node_agents: Selector, window: Duration) -> Alert:
+def unreachable(node_agents: Selector) -> Alert:
     """TrainingHangSuspect for a rank NCCL's RAS cannot reach and no node agent reports.
 
     A node that died or dropped off the network takes its agent with it, so nothing
@@ -205,13 +204,13 @@ def unreachable(node_agents: Selector, window: Duration) -> Alert:
     """
     missing = node_agents(PROBLEM, UNREACHABLE, 'rank!=""', 'run!=""')
     seen = with_run(node_agents(RANK_UP))
-    stalled = runs_with(with_run(rank_stalled(node_agents)))
+    stalled = runs_with(with_run(stalled_now(node_agents)))
     problem = f"max by (problem) ({PROBLEM}{{run=%q,rank=%q,{UNREACHABLE}}})"
     return Alert(
         "TrainingHangSuspect",
         f"(\n  max by (job, run, rank, rank_host, pid) (\n    {missing}\n  )\n"
         f"  unless on (run, rank)\n{indent(seen, 4)}\n"
-        f"  unless on (run, rank)\n  (\n{indent(lost_ranks(node_agents, window), 4)}\n  )\n)\n"
+        f"  unless on (run, rank)\n  (\n    {LOST_RANKS}\n  )\n)\n"
         f"and on (run)\n{stalled}",
         "critical", SUMMARY,
         fill("Rank [[$rank]][[of_run]] is the rank the others wait for: NCCL's RAS "
@@ -262,7 +261,7 @@ def collectives_behind(rank_servers: Selector, node_agents: Selector) -> Alert:
     # apart, and until the lowest member of a group has, a rank ahead of it there looks
     # behind only elsewhere (a 2x2 mesh paged a waiting rank so, for one evaluation).
     def unreported(view: Selector) -> str:
-        silent = f"{rank_stalled(view)}\nunless on (job, instance, rank)\n  {view(ENQUEUED)}"
+        silent = f"{stalled_now(view)}\nunless on (job, instance, rank)\n  {view(ENQUEUED)}"
         return block(with_run(answering(view, silent)), "max by (run)")
 
     incomplete = (f"(\n{indent(unreported(node_agents))}\nor\n"

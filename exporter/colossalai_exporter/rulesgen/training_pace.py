@@ -12,11 +12,12 @@ from __future__ import annotations
 from colossalai_exporter.rulesgen.common import (
     FAILED,
     TRAINING,
+    down,
     in_phase,
     on_any_rank,
     rank_down,
-    rank_stalled,
     runs_with,
+    stalled_now,
     training_dashboard,
 )
 from colossalai_exporter.rulesgen.config import Thresholds
@@ -95,9 +96,9 @@ def waits_least(rank_servers: Selector, node_agents: Selector, thresholds: Thres
     # rank-down alerts'): its ranks' shares of time waiting say nothing about a
     # straggler then.
     stalled_runs = runs_with(on_any_rank(
-        lambda view: (f"{rank_stalled(view)}\n"
+        lambda view: (f"{stalled_now(view)}\n"
                       f"or ignoring (phase) {in_phase(view, FAILED)}\n"
-                      f"or {rank_down(view)}"), rank_servers, node_agents))
+                      f"or {down(view)}"), rank_servers, node_agents))
     return Alert(
         "TrainingStraggler",
         expr(f"""
