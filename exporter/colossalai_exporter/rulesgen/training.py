@@ -25,7 +25,7 @@ from colossalai_exporter.rulesgen.config import RulesConfig
 from colossalai_exporter.rulesgen.model import Group, Recording, RuleFile
 from colossalai_exporter.rulesgen.promql import Selector
 from colossalai_exporter.rulesgen.training_deaths import rank_deaths
-from colossalai_exporter.rulesgen.training_errors import rank_errors
+from colossalai_exporter.rulesgen.training_errors import kernels_not_ready, rank_errors
 from colossalai_exporter.rulesgen.training_goodput import (
     checkpoint_overdue,
     goodput_groups,
@@ -56,15 +56,22 @@ def training(config: RulesConfig) -> RuleFile:
         *hang_suspects(rank_servers, node_agents),
         startup_stuck(rank_servers, node_agents),
         checkpoint_stuck(rank_servers, node_agents),
+        *rank_deaths(rank_servers, node_agents, thresholds.node_lost_window),
+        *rank_errors(rank_servers, node_agents, thresholds),
+    ))
+    # The alerts whose minutes do not matter (an hour's restarts, warnings that wait 5
+    # to 15 minutes), at their own interval. They read the rank sets the group above
+    # records, as of its last evaluation (at most one interval older).
+    slow = Group("colossalai-training.slow-alerts", (
         restart_loop(rank_servers, node_agents, thresholds),
         checkpoint_overdue(rank_servers, thresholds.checkpoint_interval),
-        *rank_deaths(rank_servers, node_agents, thresholds.node_lost_window),
         *stragglers(rank_servers, node_agents, thresholds),
-        *rank_errors(rank_servers, node_agents, thresholds, config.for_["KernelsNotReady"]),
+        kernels_not_ready(rank_servers, config.for_["KernelsNotReady"]),
         *heartbeats_failing(rank_servers, thresholds.heartbeat_failing_after),
-    ))
+    ), interval=str(thresholds.training_slow_evaluation_interval))
     return RuleFile("colossalai-training", (
         recording(rank_servers, node_agents),
         *goodput_groups(rank_servers, node_agents),
         alerts,
+        slow,
     ))

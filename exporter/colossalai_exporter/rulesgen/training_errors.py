@@ -29,10 +29,10 @@ from colossalai_exporter.rulesgen.model import Alert
 from colossalai_exporter.rulesgen.promql import Selector, fill, query, with_first
 
 
-def rank_errors(rank_servers: Selector, node_agents: Selector, thresholds: Thresholds,
-                kernels_for: Duration) -> tuple[Alert, ...]:
-    """Every rule of the family, in the order the rule file lists them; ``kernels_for`` is
-    KernelsNotReady's ``for`` window, which its description states."""
+def rank_errors(rank_servers: Selector, node_agents: Selector,
+                thresholds: Thresholds) -> tuple[Alert, ...]:
+    """The family's error alerts, in the order the rule file lists them (KernelsNotReady,
+    :func:`kernels_not_ready`, evaluates in the slower group)."""
     return (
         _error_alert(
             "GeminiOutOfMemory", "colossalai_gemini_oom_total", thresholds.gemini_oom_window,
@@ -57,7 +57,6 @@ def rank_errors(rank_servers: Selector, node_agents: Selector, thresholds: Thres
             "build(s) failed since the rank started, the last within [[window]].[[died]]"
             "[[last_error]]",
             rank_servers, node_agents),
-        kernels_not_ready(rank_servers, kernels_for),
     )
 
 
