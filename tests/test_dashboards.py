@@ -238,8 +238,25 @@ def test_every_alert_dashboard_link_points_to_a_dashboard_and_its_variables() ->
     assert used == set(UIDS)
 
 
+def test_histogram_panels_work_classic_or_native() -> None:
+    """A panel reading a histogram's buckets reads its native form too (docs/deploy.md,
+    Prometheus 3: native histograms with custom buckets)."""
+    histograms = catalogue.native_histogram_names()
+    read = 0
+    for uid, where, expr in _expressions():
+        names = metric_names(expr)
+        for name in names:
+            base, _, part = name.rpartition("_")
+            if part in ("bucket", "sum", "count") and base in histograms:
+                read += 1
+                assert base in names, (uid, where, name)
+                assert "or on (" in expr, (uid, where, expr)  # classic first, never both
+    assert read >= 2  # the step duration's p90, the chat server's latency
+
+
 def test_queries_use_only_catalogued_metrics_and_existing_recording_rules() -> None:
-    known = catalogue.known_sample_names() | PROMETHEUS_BUILTIN | _recording_rules()
+    known = (catalogue.known_sample_names() | catalogue.native_histogram_names()
+             | PROMETHEUS_BUILTIN | _recording_rules())
     used: set[str] = set()
     expressions = _expressions()
     assert len(expressions) > 60

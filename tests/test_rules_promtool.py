@@ -86,7 +86,7 @@ def test_every_alert_has_a_not_firing_case_and_one_before_for_elapses() -> None:
 
 def test_every_rule_reads_only_catalogued_metrics() -> None:
     known = (catalogue.known_sample_names() | PROMETHEUS_BUILTIN | set(catalogue.ENGINE_METRICS)
-             | set(catalogue.NODE_EXPORTER_METRICS))
+             | set(catalogue.NODE_EXPORTER_METRICS) | catalogue.native_histogram_names())
     known |= {r["record"] for r in _rules() if "record" in r}
     for rule in _rules():
         used = metric_names(rule["expr"])
@@ -95,6 +95,23 @@ def test_every_rule_reads_only_catalogued_metrics() -> None:
                 used |= metric_names(promql)
         unknown = used - known
         assert not unknown, f"{rule.get('alert') or rule.get('record')}: not catalogued: {unknown}"
+
+
+def test_every_histogram_read_works_classic_or_native() -> None:
+    """A rule that reads a histogram's _bucket, _sum or _count reads its native form too:
+    the rules work whether Prometheus keeps the classic series or converts them at scrape
+    into one native histogram with custom buckets (docs/deploy.md, Prometheus 3)."""
+    histograms = catalogue.native_histogram_names() | {
+        name.removesuffix("_sum") for name in catalogue.ENGINE_METRICS if name.endswith("_sum")}
+    read = 0
+    for rule in _rules():
+        names = metric_names(rule["expr"])
+        for name in names:
+            base, _, part = name.rpartition("_")
+            if part in ("bucket", "sum", "count") and base in histograms:
+                read += 1
+                assert base in names, f"{rule.get('alert') or rule.get('record')}: {name} alone"
+    assert read >= 4  # the step mean's two parts, the engines' queue times
 
 
 def test_recording_rules_are_named_level_metric_operations() -> None:

@@ -690,6 +690,8 @@ ENGINE_METRICS: dict[str, str] = {
     "vllm:num_requests_running": "vLLM docs/design/metrics.md",
     "vllm:request_queue_time_seconds_sum": "vLLM docs/design/metrics.md (histogram)",
     "vllm:request_queue_time_seconds_count": "vLLM docs/design/metrics.md (histogram)",
+    "vllm:request_queue_time_seconds":
+        "vLLM docs/design/metrics.md (histogram, as a native histogram stored at scrape)",
     "sglang:num_queue_reqs": "SGLang docs, production metrics (--enable-metrics)",
     "sglang:num_running_reqs": "SGLang docs, production metrics (--enable-metrics)",
     "tgi_queue_size": "huggingface text-generation-inference reference/metrics",
@@ -697,6 +699,8 @@ ENGINE_METRICS: dict[str, str] = {
     "tgi_request_queue_duration_sum": "huggingface text-generation-inference reference/metrics",
     "tgi_request_queue_duration_count":
         "huggingface text-generation-inference reference/metrics",
+    "tgi_request_queue_duration": "huggingface text-generation-inference reference/metrics "
+                                  "(histogram, as a native histogram stored at scrape)",
 }
 
 
@@ -706,6 +710,14 @@ def known_sample_names() -> set[str]:
     for metric in CATALOGUE:
         names.update(metric.sample_names())
     return names
+
+
+def native_histogram_names() -> set[str]:
+    """The catalogued histograms' own names: the one series each that a Prometheus 3
+    stores in place of ``_bucket``, ``_sum`` and ``_count`` when it converts them at
+    scrape (convert_classic_histograms_to_nhcb, docs/deploy.md). No server of ours serves
+    them; rules and dashboards read them beside the classic parts."""
+    return {metric.name for metric in CATALOGUE if metric.type == "histogram"}
 
 
 def label_names() -> frozenset[str]:

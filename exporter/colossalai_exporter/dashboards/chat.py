@@ -22,7 +22,7 @@ from colossalai_exporter.dashboards.model import (
     timeseries,
 )
 from colossalai_exporter.rulesgen.config import RulesConfig
-from colossalai_exporter.rulesgen.promql import Selector, number
+from colossalai_exporter.rulesgen.promql import Selector, histogram_quantile, number
 
 UID = "colossalai-chat"
 
@@ -126,8 +126,8 @@ def stream_row(config: RulesConfig) -> Row:
 
 def app_row() -> Row:
     def quantile(q: float) -> str:
-        return (f"histogram_quantile({q:g}, sum by (route, le) (rate("
-                f"{APP('colossalai_chat_request_duration_seconds_bucket')}[$__rate_interval])))")
+        return histogram_quantile(q, APP, "colossalai_chat_request_duration_seconds",
+                                  ("route",), "$__rate_interval")
 
     return Row("Chat server (FastAPI helper)", (
         timeseries("Requests per second",

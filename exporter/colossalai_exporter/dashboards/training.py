@@ -23,7 +23,7 @@ from colossalai_exporter.dashboards.model import (
 from colossalai_exporter.rankstate.schema import PHASES
 from colossalai_exporter.rulesgen import rules
 from colossalai_exporter.rulesgen.config import RulesConfig
-from colossalai_exporter.rulesgen.promql import Selector
+from colossalai_exporter.rulesgen.promql import Selector, histogram_quantile
 
 UID = "colossalai-training"
 
@@ -154,9 +154,8 @@ def progress_row(config: RulesConfig) -> Row:
                    "Mean step time over 5m (solid, the recording rule) and the 90th "
                    "percentile from the step histogram (dashed).",
                    Query(R(rules.STEP_MEAN), "rank {{rank}} mean (5m)"),
-                   Query("histogram_quantile(0.9, sum by (job, rank, le) (rate("
-                         f"{R('colossalai_training_step_duration_seconds_bucket')}"
-                         "[$__rate_interval])))", "rank {{rank}} p90"),
+                   Query(histogram_quantile(0.9, R, rules.STEP_HISTOGRAM, ("job", "rank"),
+                                            "$__rate_interval"), "rank {{rank}} p90"),
                    unit="s", min=0, dashed=("B",)),
         timeseries("Time in current phase vs budget",
                    "Seconds since each rank entered its current phase (solid) and the "

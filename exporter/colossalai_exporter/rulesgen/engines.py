@@ -15,7 +15,14 @@ from __future__ import annotations
 from colossalai_exporter.rulesgen.common import chat_dashboard
 from colossalai_exporter.rulesgen.config import RulesConfig
 from colossalai_exporter.rulesgen.model import Alert, Group, RuleFile
-from colossalai_exporter.rulesgen.promql import Selector, expr, fill, number
+from colossalai_exporter.rulesgen.promql import (
+    Selector,
+    block,
+    expr,
+    fill,
+    histogram_rate,
+    number,
+)
 
 # Names the servers document, listed with their sources in catalogue.ENGINE_METRICS
 # (tests/test_rules_promtool.py holds every rule to the catalogue and that list).
@@ -59,11 +66,12 @@ def admission_stalled(servers: Selector, config: RulesConfig) -> Alert:
 def queue_time_high(servers: Selector, config: RulesConfig) -> Alert:
     window = config.thresholds.engine_queue_window
     limit = number(config.thresholds.engine_queue_seconds)
-    def rate(series: str) -> str:
-        return _by_server(f"rate({servers(series)}[{window}])")
+    def rate(name: str, part: str) -> str:
+        # classic or converted to a native histogram at scrape (promql.histogram_rate)
+        return block(histogram_rate(servers, name, part, str(window)), "sum by (job, instance)")
 
     mean = "\nor\n".join(
-        f"{rate(name + '_sum')}\n  / {rate(name + '_count')}\n  > {limit}"
+        f"{rate(name, 'sum')}\n/\n{rate(name, 'count')}\n> {limit}"
         for name in QUEUE_TIMES)
     return Alert(
         "InferenceQueueTimeHigh", expr(mean),

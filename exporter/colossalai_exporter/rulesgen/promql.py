@@ -175,3 +175,33 @@ def block(vector: str, around: str = "") -> str:
     multi-line vector, or bare parentheses when ``around`` is empty."""
     opening = f"{around} (" if around else "("
     return f"{opening}\n{indent(vector)}\n)"
+
+
+# A histogram's parts, read so that a rule or panel works whether Prometheus stores it as a
+# classic histogram (``x_bucket``/``x_sum``/``x_count`` float series) or converts it at
+# scrape into a native histogram with custom buckets (one ``x`` series,
+# convert_classic_histograms_to_nhcb, docs/deploy.md): the classic form ``or`` the native
+# one. Each side is empty where the other form is stored; where a migration or
+# always_scrape_classic_histograms stores both, ``or`` keeps the classic side only, so
+# nothing is counted twice.
+
+
+def histogram_rate(view: Selector, name: str, part: str, window: str) -> str:
+    """The per-second rate of histogram ``name``'s ``part`` (``sum`` or ``count``), per
+    series, classic or native: ``rate(x_sum[w]) or histogram_sum(rate(x[w]))``."""
+    if part not in ("sum", "count"):
+        raise ValueError(f"a histogram has no part {part!r} to rate")
+    return (f"rate({view(f'{name}_{part}')}[{window}])\n"
+            f"or histogram_{part}(rate({view(name)}[{window}]))")
+
+
+def histogram_quantile(q: float, view: Selector, name: str, by: tuple[str, ...],
+                       window: str) -> str:
+    """``histogram_quantile`` of histogram ``name`` summed by ``by``, classic or native.
+
+    The native side is kept only ``on`` the groups without classic buckets:
+    histogram_quantile evaluates nothing for a group that has both (a naming collision).
+    """
+    labels = ", ".join(by)
+    return (f"histogram_quantile({q:g}, sum by ({labels}, le) (rate({view(name + '_bucket')}"
+            f"[{window}])) or on ({labels}) sum by ({labels}) (rate({view(name)}[{window}])))")

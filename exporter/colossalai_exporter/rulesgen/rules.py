@@ -32,6 +32,7 @@ from colossalai_exporter.rulesgen.training_goodput import (
     kept_seconds,
 )
 from colossalai_exporter.rulesgen.training_pace import (
+    STEP_HISTOGRAM,
     STEP_MEAN,
     STEP_RATE,
     STEP_RATE_MEDIAN,
@@ -44,7 +45,7 @@ __all__ = [
     "CAUSE_ALERTS", "CONSEQUENCE_ALERTS", "GENERAL_CAUSE_ALERTS",
     "GOODPUT_WINDOWS", "GPU_MEM_MAX", "HOST_MEM_AVAIL", "INFO", "RANK_KILLING_ALERTS",
     "SPECIFIC_CAUSE_ALERTS",
-    "STEP_MEAN", "STEP_RATE", "STEP_RATE_MEDIAN", "STEP_RATE_RATIO", "WAIT_SHARE",
+    "STEP_HISTOGRAM", "STEP_MEAN", "STEP_RATE", "STEP_RATE_MEDIAN", "STEP_RATE_RATIO", "WAIT_SHARE",
     "WAIT_SHARE_MEDIAN", "alert_names", "build", "checkpointed_increase", "goodput_ratio",
     "kept_seconds",
 ]

@@ -25,13 +25,18 @@ from colossalai_exporter.rulesgen.gpu import rank_gpu_slowdowns
 from colossalai_exporter.rulesgen.model import Alert, Group, Recording
 from colossalai_exporter.rulesgen.promql import (
     Selector,
+    block,
     expr,
     fill,
     first_sample,
+    histogram_rate,
     indent,
     number,
     query,
 )
+
+#: the step histogram the mean is taken from (and the dashboard's percentile)
+STEP_HISTOGRAM = "colossalai_training_step_duration_seconds"
 
 # Recording rules other rules and the dashboards use.
 STEP_RATE = "job_rank:colossalai_training_steps:rate5m"
@@ -61,14 +66,18 @@ def recording(rank_servers: Selector, node_agents: Selector) -> Group:
         """)),
         Recording(STEP_RATE_MEDIAN, f"quantile by (job) (0.5, {STEP_RATE})"),
         Recording(STEP_RATE_RATIO, f"{STEP_RATE} / on (job) group_left () {STEP_RATE_MEDIAN}"),
-        Recording(STEP_MEAN, expr(f"""
-              sum by (job, rank) (rate({rank_servers("colossalai_training_step_duration_seconds_sum")}[5m]))
-            /
-              sum by (job, rank) (rate({rank_servers("colossalai_training_step_duration_seconds_count")}[5m]))
-        """)),  # noqa: E501 - one selector a line reads better unbroken
+        Recording(STEP_MEAN, step_mean(rank_servers)),
         Recording(WAIT_SHARE, on_any_rank(waiting_share, rank_servers, node_agents)),
         Recording(WAIT_SHARE_MEDIAN, f"quantile by (run) (0.5, {WAIT_SHARE})"),
     ))
+
+
+def step_mean(rank_servers: Selector) -> str:
+    """Each rank's mean step time over 5m, from its step histogram stored classic or
+    native (:func:`~colossalai_exporter.rulesgen.promql.histogram_rate`)."""
+    def rate(part: str) -> str:
+        return block(histogram_rate(rank_servers, STEP_HISTOGRAM, part, "5m"), "sum by (job, rank)")
+    return f"{rate('sum')}\n/\n{rate('count')}"
 
 
 def stragglers(rank_servers: Selector, node_agents: Selector,
