@@ -236,19 +236,6 @@ def recent_events(series: str, window: Duration, condition: str = "> 0") -> str:
             f"({series} {condition} unless {series} offset {window})")
 
 
-def recent_rank_events(series: str, window: Duration) -> str:
-    """:func:`recent_events` of a rank's counter, whose second half asks whether the
-    rank was known ``window`` ago (its recorded run, RANK_RUN) instead of the counter.
-
-    Every rank serves its error counters from zero, so a counter is first seen above
-    zero only on a rank first seen within the window. The recorded run is one series a
-    rank where the counter may be several (out-of-memory errors: one a device), and at
-    4,096 ranks each read of every rank's counter cost 20 to 60 ms an evaluation.
-    """
-    return (f"increase({series}[{window}]) > 0\nor\n"
-            f"({series} > 0 unless on ({', '.join(RANK)}) {RANK_RUN} offset {window})")
-
-
 def on_any_rank(build: Callable[[Selector], str], rank_servers: Selector,
                 node_agents: Selector) -> str:
     """``build``'s vector from whichever view sees the rank, each rank once.

@@ -20,7 +20,7 @@ from colossalai_exporter.rulesgen.common import (
     except_in_phase,
     last_error,
     on_any_rank,
-    recent_rank_events,
+    recent_events,
     training_dashboard,
     with_run,
 )
@@ -77,7 +77,7 @@ def _error_alert(name: str, counter: str, window: Duration, summary: str, text: 
     """
     return Alert(
         name,
-        on_any_rank(lambda view: recent_rank_events(view(counter), window), rank_servers,
+        on_any_rank(lambda view: recent_events(view(counter), window), rank_servers,
                     node_agents),
         "critical", summary,
         fill(text, count=query(counter, match, 'value | printf "%.0f"'), window=window,
