@@ -284,9 +284,9 @@ def prometheus_config(tmp: Path, alertmanager: str, interval: int) -> Path:
     return path
 
 
-def query(url: str, expr: str) -> list[dict[str, Any]]:
+def query(url: str, expr: str, timeout: float = 30) -> list[dict[str, Any]]:
     with urllib.request.urlopen(f"{url}/api/v1/query?query={urllib.parse.quote(expr)}",
-                                timeout=30) as response:
+                                timeout=timeout) as response:
         result: list[dict[str, Any]] = json.load(response)["data"]["result"]
     return result
 
@@ -296,8 +296,8 @@ def query_api(url: str, path: str) -> Any:
         return json.load(response)["data"]
 
 
-def scalar(url: str, expr: str) -> float:
-    result = query(url, expr)
+def scalar(url: str, expr: str, timeout: float = 30) -> float:
+    result = query(url, expr, timeout)
     return float(result[0]["value"][1]) if result else float("nan")
 
 
@@ -403,16 +403,18 @@ class Engine:
     own: SelfMetrics
     layout: str = ""  # how the report's title names the layout, after the interval
     series: str = "head series"
+    query_timeout: float = 30  # the report's counts of whole jobs
 
 
 def report_scale(engine: Engine, fleet: Fleet, interval: int) -> None:
-    url, own = engine.url, engine.own
+    url, own, wait = engine.url, engine.own, engine.query_timeout
     ranks = fleet.nodes * RANKS_PER_NODE
     head = own.total(own.SERIES)
-    node_series = scalar(url, 'count({job="colossalai-node"})')
-    rank_series = scalar(url, 'count({job="colossalai-node", rank!="", __name__!~".*:.*"})')
-    recorded = scalar(url, 'count({__name__=~".*:.*"})')
-    rank0_series = scalar(url, 'count({job="colossalai-training"})')
+    node_series = scalar(url, 'count({job="colossalai-node"})', wait)
+    rank_series = scalar(url, 'count({job="colossalai-node", rank!="", __name__!~".*:.*"})',
+                         wait)
+    recorded = scalar(url, 'count({__name__=~".*:.*"})', wait)
+    rank0_series = scalar(url, 'count({job="colossalai-training"})', wait)
     print(f"\n## {ranks} ranks: {fleet.nodes} nodes x 8, {fleet.jobs} job(s), "
           f"scrape and evaluation every {interval} s{engine.layout}\n")
     print(f"- {engine.series}: {head:.0f} (nodes' job {node_series:.0f}: "
@@ -435,7 +437,7 @@ def report_scale(engine: Engine, fleet: Fleet, interval: int) -> None:
           f"{own.total(own.MISSED):.0f}; "
           f"failed rule evaluations: {own.total(own.FAILED):.0f}")
     if isinstance(own, VictoriaSelfMetrics):
-        every = scalar(url, 'count({__name__=~".+"})')
+        every = scalar(url, 'count({__name__=~".+"})', wait)
         print(f"- series in the store with a sample in the last 5 minutes: {every:.0f}")
         print(f"- rows vmalert dropped before the store (recorded series, ALERTS): "
               f"{own.total(own.DROPPED):.0f}")
@@ -504,10 +506,12 @@ def running_victoria_metrics(tmp: Path, alertmanager: str, interval: int,
             stack.callback(stop_process, proc, 15)
             urls[name], pids[name] = url, proc.pid
 
-        # A query that counts a whole job at 16,384 ranks selects about 750 k series:
-        # above the store's default limit of 300 k a query (the rules' reads stay below).
+        # The report counts whole jobs: at 16,384 ranks about 750 k series in one query,
+        # above the store's default limits of 300 k series and 30 s a query (the rules'
+        # reads stay far below both).
         start("victoria-metrics", "victoria-metrics", store,
-              f"-storageDataPath={tmp / 'vm-data'}", "-search.maxUniqueTimeseries=2000000")
+              f"-storageDataPath={tmp / 'vm-data'}", "-search.maxUniqueTimeseries=2000000",
+              "-search.maxQueryDuration=180s")
         for member in range(scrapers):
             shard = ([f"-promscrape.cluster.membersCount={scrapers}",
                       f"-promscrape.cluster.memberNum={member}"] if scrapers > 1 else [])
@@ -530,7 +534,7 @@ def running_victoria_metrics(tmp: Path, alertmanager: str, interval: int,
         stack.callback(own.stop.set)
         yield Engine("the store (vmalert's ALERTS)", store, urls["vmalert"], pids, own,
                      layout=f", on victoria-metrics ({scrapers} vmagent(s), one vmalert)",
-                     series="active series in the store")
+                     series="active series in the store", query_timeout=180)
 
 
 def main() -> int:
