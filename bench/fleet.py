@@ -410,6 +410,8 @@ def report_scale(engine: Engine, fleet: Fleet, interval: int) -> None:
     url, own, wait = engine.url, engine.own, engine.query_timeout
     ranks = fleet.nodes * RANKS_PER_NODE
     head = own.total(own.SERIES)
+    # the evaluations as they were before the report's own heavy counts below
+    last, longest = dict(own.last), dict(own.longest)
     node_series = scalar(url, 'count({job="colossalai-node"})', wait)
     rank_series = scalar(url, 'count({job="colossalai-node", rank!="", __name__!~".*:.*"})',
                          wait)
@@ -426,8 +428,8 @@ def report_scale(engine: Engine, fleet: Fleet, interval: int) -> None:
         print(f"- {name} RSS now {rss:.0f} MiB, peak {peak:.0f} MiB")
     print("\n| rule group | last evaluation | longest seen |")
     print("|---|---|---|")
-    for group in sorted(own.last):
-        print(f"| {group} | {own.last[group] * 1e3:.0f} ms | {own.longest[group] * 1e3:.0f} ms |")
+    for group in sorted(last):
+        print(f"| {group} | {last[group] * 1e3:.0f} ms | {longest[group] * 1e3:.0f} ms |")
     rules = [r for g in query_api(engine.rules_url, "/api/v1/rules")["groups"]
              for r in g["rules"]]
     rules.sort(key=lambda r: -float(r.get("evaluationTime", 0)))
