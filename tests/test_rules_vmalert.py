@@ -1,12 +1,15 @@
 """The shipped rule files load unchanged in vmalert (Debian's victoria-metrics package):
 its dry run parses every expression with MetricsQL and every annotation and label
-template with vmalert's template functions, as it would at start (docs/deploy.md,
-"Large fleets")."""
+template with vmalert's template functions, as it would at start; and vmagent takes
+the shipped scrape configs once the Prometheus-only sections are left out
+(docs/deploy.md, "Large fleets")."""
 
 from __future__ import annotations
 
 import subprocess
 from pathlib import Path
+
+import yaml
 
 from conftest import REPO, require_binary
 
@@ -39,3 +42,22 @@ def test_the_dry_run_rejects_what_vmalert_could_not_run(tmp_path: Path) -> None:
         output = result.stdout + result.stderr
         assert result.returncode != 0, f"{what}: {output}"
         assert f"invalid {what}" in output, output
+
+
+def test_vmagent_takes_the_shipped_scrape_configs(tmp_path: Path) -> None:
+    """deploy/prometheus/prometheus.yml without what only a rule evaluator reads
+    (``rule_files``, ``alerting``, ``global.evaluation_interval``, each of which vmagent
+    refuses) is a vmagent scrape config as it stands."""
+    shipped = REPO / "deploy" / "prometheus"
+    config = yaml.safe_load((shipped / "prometheus.yml").read_text())
+    assert {"rule_files", "alerting", "scrape_configs"} <= set(config)
+    for section in ("rule_files", "alerting"):
+        del config[section]
+    del config["global"]["evaluation_interval"]
+    path = tmp_path / "scrape.yml"
+    path.write_text(yaml.safe_dump(config))
+    result = subprocess.run([require_binary("vmagent"), f"-promscrape.config={path}",
+                             "-promscrape.config.dryRun", "-loggerLevel=ERROR"],
+                            capture_output=True, text=True, timeout=60, check=False,
+                            cwd=shipped)  # its file_sd paths are relative to it
+    assert result.returncode == 0, result.stdout + result.stderr
