@@ -17,13 +17,23 @@ then stalls the whole of job 0 (every rank stops stepping, waiting in an
 all-reduce), and later kills one of its ranks, and counts the notifications each
 receiver gets, with what their text says.
 
+With ``--engine victoria-metrics`` the same fleet is scraped, stored and judged by
+the layout a site that outgrows one Prometheus would run (Debian's
+``victoria-metrics`` package): ``--scrapers`` vmagents sharding the targets between
+them (``-promscrape.cluster.membersCount``/``memberNum``), remote-writing to one
+victoria-metrics store, and one vmalert evaluating the shipped rule files against
+it, writing recorded series and ``ALERTS`` back to it and sending to the same
+Alertmanager. It reports the same things, for each of those processes.
+
     python bench/fleet.py --ranks 1024
     python bench/fleet.py --ranks 4096 --incident
+    python bench/fleet.py --ranks 4096 --engine victoria-metrics --scrapers 2
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -37,7 +47,8 @@ import urllib.parse
 import urllib.request
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -57,7 +68,7 @@ from colossalai_exporter.rankstate.schema import (  # noqa: E402
 )
 from colossalai_exporter.training.state import STEP_BUCKETS  # noqa: E402
 from colossalai_exporter.web.exposition import encode_text  # noqa: E402
-from conftest import free_port, wait_until  # noqa: E402
+from conftest import free_port, http_get, require_binary, stop_process, wait_until  # noqa: E402
 from fake_vigilmon import FakeVigilmon, fake_vigilmon  # noqa: E402
 from gpu_helpers import fake_nvml_env, gpu  # noqa: E402
 from prometheus_helpers import (  # noqa: E402
@@ -250,6 +261,15 @@ def write_targets(tmp: Path, fleet: Fleet, port: int) -> None:
     (tmp / "rank0.json").write_text(json.dumps(rank0))
 
 
+def scrape_configs(tmp: Path) -> list[dict[str, Any]]:
+    return [
+        {"job_name": "colossalai-node",
+         "file_sd_configs": [{"files": [str(tmp / "nodes.json")]}]},
+        {"job_name": "colossalai-training",
+         "file_sd_configs": [{"files": [str(tmp / "rank0.json")]}]},
+    ]
+
+
 def prometheus_config(tmp: Path, alertmanager: str, interval: int) -> Path:
     config = {
         "global": {"scrape_interval": f"{interval}s", "evaluation_interval": f"{interval}s",
@@ -257,21 +277,16 @@ def prometheus_config(tmp: Path, alertmanager: str, interval: int) -> Path:
         "rule_files": [str(p) for p in sorted((REPO / "rules").glob("*.rules.yml"))],
         "alerting": {"alertmanagers": [{"static_configs": [
             {"targets": [alertmanager.removeprefix("http://")]}]}]},
-        "scrape_configs": [
-            {"job_name": "colossalai-node",
-             "file_sd_configs": [{"files": [str(tmp / "nodes.json")]}]},
-            {"job_name": "colossalai-training",
-             "file_sd_configs": [{"files": [str(tmp / "rank0.json")]}]},
-        ],
+        "scrape_configs": scrape_configs(tmp),
     }
     path = tmp / "prometheus.yml"
     path.write_text(yaml.safe_dump(config))
     return path
 
 
-def query(url: str, expr: str) -> list[dict[str, Any]]:
+def query(url: str, expr: str, timeout: float = 30) -> list[dict[str, Any]]:
     with urllib.request.urlopen(f"{url}/api/v1/query?query={urllib.parse.quote(expr)}",
-                                timeout=30) as response:
+                                timeout=timeout) as response:
         result: list[dict[str, Any]] = json.load(response)["data"]["result"]
     return result
 
@@ -281,8 +296,8 @@ def query_api(url: str, path: str) -> Any:
         return json.load(response)["data"]
 
 
-def scalar(url: str, expr: str) -> float:
-    result = query(url, expr)
+def scalar(url: str, expr: str, timeout: float = 30) -> float:
+    result = query(url, expr, timeout)
     return float(result[0]["value"][1]) if result else float("nan")
 
 
@@ -296,8 +311,12 @@ class SelfMetrics:
     """Prometheus' own /metrics, read every evaluation (it does not scrape itself here):
     head series, each rule group's last evaluation time (the largest seen is kept)."""
 
-    def __init__(self, url: str, interval: int) -> None:
-        self.url, self.interval = url, interval
+    SERIES = "prometheus_tsdb_head_series"
+    MISSED = "prometheus_rule_group_iterations_missed_total"
+    FAILED = "prometheus_rule_evaluation_failures_total"
+
+    def __init__(self, urls: list[str], interval: int) -> None:
+        self.urls, self.interval = urls, interval
         self.longest: dict[str, float] = {}
         self.last: dict[str, float] = {}
         self.values: dict[str, float] = {}
@@ -306,56 +325,132 @@ class SelfMetrics:
 
     def _run(self) -> None:
         while not self.stop.wait(self.interval):
-            try:
-                with urllib.request.urlopen(self.url + "/metrics", timeout=10) as response:
-                    text = response.read().decode()
-            except OSError:
-                continue
-            for family in text_string_to_metric_families(text):
-                for sample in family.samples:
-                    if sample.name == "prometheus_rule_group_last_duration_seconds":
-                        group = sample.labels["rule_group"].split(";")[-1]
-                        self.last[group] = sample.value
-                        self.longest[group] = max(self.longest.get(group, 0.0), sample.value)
-                    elif sample.name in ("prometheus_tsdb_head_series",
-                                         "prometheus_rule_group_iterations_missed_total",
-                                         "prometheus_rule_evaluation_failures_total"):
-                        key = sample.name + json.dumps(sample.labels, sort_keys=True)
-                        self.values[key] = sample.value
+            for url in self.urls:
+                try:
+                    with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+                        text = response.read().decode()
+                except OSError:
+                    continue
+                for family in text_string_to_metric_families(text):
+                    for sample in family.samples:
+                        self._observe(sample.name, sample.labels, sample.value)
+
+    def _observe(self, name: str, labels: dict[str, str], value: float) -> None:
+        if name == "prometheus_rule_group_last_duration_seconds":
+            group = labels["rule_group"].split(";")[-1]
+            self.last[group] = value
+            self.longest[group] = max(self.longest.get(group, 0.0), value)
+        elif name in (self.SERIES, self.MISSED, self.FAILED):
+            self._keep(name, labels, value)
+
+    def _keep(self, name: str, labels: dict[str, str], value: float) -> None:
+        self.values[name + json.dumps(labels, sort_keys=True)] = value
 
     def total(self, name: str) -> float:
         return sum(v for k, v in self.values.items() if k.startswith(name + "{"))
 
 
-def report_scale(url: str, fleet: Fleet, pid: int, interval: int, own: SelfMetrics) -> None:
+class VictoriaSelfMetrics(SelfMetrics):
+    """vmalert's and victoria-metrics' /metrics, read every evaluation interval.
+
+    vmalert keeps each group's iteration time as a summary: the mean of the iterations
+    since the last read (Δsum/Δcount, one iteration for a 15 s group) is its last
+    evaluation, and the summary's maximum (quantile 1, over its sliding window) the
+    longest. The store's active series are its series seen this hour
+    (``vm_cache_entries{type="storage/hour_metric_ids"}``), the count VictoriaMetrics
+    itself calls active; an evaluation that failed is ``vmalert_execution_errors_total``;
+    rows vmalert could not queue for the store (recorded series, ALERTS) are counted
+    too."""
+
+    SERIES = "vm_cache_entries"
+    MISSED = "vmalert_iteration_missed_total"
+    FAILED = "vmalert_execution_errors_total"
+    DROPPED = "vmalert_remotewrite_dropped_rows_total"
+
+    def __init__(self, urls: list[str], interval: int) -> None:
+        self.sums: dict[str, tuple[float, float]] = {}  # group -> (sum, count) last read
+        self.pending: dict[str, float] = {}  # group -> sum read before its count
+        super().__init__(urls, interval)
+
+    def _observe(self, name: str, labels: dict[str, str], value: float) -> None:
+        group = labels.get("group", "")
+        if name == "vmalert_iteration_duration_seconds" and labels.get("quantile") == "1":
+            self.longest[group] = max(self.longest.get(group, 0.0), value)
+        elif name == "vmalert_iteration_duration_seconds_sum":
+            self.pending[group] = value
+        elif name == "vmalert_iteration_duration_seconds_count":
+            total, before = self.pending.pop(group, 0.0), self.sums.get(group, (0.0, 0.0))
+            if value > before[1]:
+                self.last[group] = (total - before[0]) / (value - before[1])
+                self.longest[group] = max(self.longest.get(group, 0.0), self.last[group])
+            self.sums[group] = (total, value)
+        elif name == self.SERIES:
+            if labels.get("type") == "storage/hour_metric_ids":
+                self._keep(name, labels, value)
+        elif name in (self.MISSED, self.FAILED, self.DROPPED):
+            self._keep(name, labels, value)
+
+
+@dataclass
+class Engine:
+    """What scrapes, stores and evaluates: the store's query API, the rule evaluator's
+    rules API, each process by name (for its memory) and their own metrics."""
+
+    name: str
+    url: str
+    rules_url: str
+    processes: dict[str, int]
+    own: SelfMetrics
+    layout: str = ""  # how the report's title names the layout, after the interval
+    series: str = "head series"
+    query_timeout: float = 30  # the report's counts of whole jobs
+
+
+def report_scale(engine: Engine, fleet: Fleet, interval: int) -> None:
+    url, own, wait = engine.url, engine.own, engine.query_timeout
     ranks = fleet.nodes * RANKS_PER_NODE
-    head = own.total("prometheus_tsdb_head_series")
-    node_series = scalar(url, 'count({job="colossalai-node"})')
-    rank_series = scalar(url, 'count({job="colossalai-node", rank!="", __name__!~".*:.*"})')
-    recorded = scalar(url, 'count({__name__=~".*:.*"})')
-    rank0_series = scalar(url, 'count({job="colossalai-training"})')
-    rss, peak = rss_mib(pid)
+    head = own.total(own.SERIES)
+    # the evaluations as they were before the report's own heavy counts below
+    last, longest = dict(own.last), dict(own.longest)
+    node_series = scalar(url, 'count({job="colossalai-node"})', wait)
+    rank_series = scalar(url, 'count({job="colossalai-node", rank!="", __name__!~".*:.*"})',
+                         wait)
+    recorded = scalar(url, 'count({__name__=~".*:.*"})', wait)
+    rank0_series = scalar(url, 'count({job="colossalai-training"})', wait)
     print(f"\n## {ranks} ranks: {fleet.nodes} nodes x 8, {fleet.jobs} job(s), "
-          f"scrape and evaluation every {interval} s\n")
-    print(f"- head series: {head:.0f} (nodes' job {node_series:.0f}: "
+          f"scrape and evaluation every {interval} s{engine.layout}\n")
+    print(f"- {engine.series}: {head:.0f} (nodes' job {node_series:.0f}: "
           f"{node_series / fleet.nodes:.1f} a node, of which "
           f"{rank_series / ranks:.1f} a rank; rank servers' job {rank0_series:.0f}; "
           f"recorded by the rules {recorded:.0f})")
-    print(f"- Prometheus RSS now {rss:.0f} MiB, peak {peak:.0f} MiB")
+    for name, pid in engine.processes.items():
+        rss, peak = rss_mib(pid)
+        print(f"- {name} RSS now {rss:.0f} MiB, peak {peak:.0f} MiB")
     print("\n| rule group | last evaluation | longest seen |")
     print("|---|---|---|")
-    for group in sorted(own.last):
-        print(f"| {group} | {own.last[group] * 1e3:.0f} ms | {own.longest[group] * 1e3:.0f} ms |")
-    rules = [r for g in query_api(url, "/api/v1/rules")["groups"] for r in g["rules"]]
+    for group in sorted(last):
+        print(f"| {group} | {last[group] * 1e3:.0f} ms | {longest[group] * 1e3:.0f} ms |")
+    rules = [r for g in query_api(engine.rules_url, "/api/v1/rules")["groups"]
+             for r in g["rules"]]
     rules.sort(key=lambda r: -float(r.get("evaluationTime", 0)))
     print("\nslowest rules: " + "; ".join(
         f"{r['name']} {float(r['evaluationTime']) * 1e3:.0f} ms" for r in rules[:20]))
     print(f"\nmissed rule group iterations: "
-          f"{own.total('prometheus_rule_group_iterations_missed_total'):.0f}; "
-          f"failed rule evaluations: {own.total('prometheus_rule_evaluation_failures_total'):.0f}")
+          f"{own.total(own.MISSED):.0f}; "
+          f"failed rule evaluations: {own.total(own.FAILED):.0f}")
+    if isinstance(own, VictoriaSelfMetrics):
+        every = scalar(url, 'count({__name__=~".+"})', wait)
+        print(f"- series in the store with a sample in the last 5 minutes: {every:.0f}")
+        print(f"- rows vmalert dropped before the store (recorded series, ALERTS): "
+              f"{own.total(own.DROPPED):.0f}")
+        firing = Counter(a["labels"]["alertname"] for a in
+                         query_api(engine.rules_url, "/api/v1/alerts")["alerts"]
+                         if a["state"] == "firing")
+        print(f"- alerts firing in vmalert (name: alerts): {dict(sorted(firing.items()))}")
 
 
-def incident(url: str, fleet: Fleet, notes: Notifications, settle: float) -> None:
+def incident(engine: Engine, fleet: Fleet, notes: Notifications, settle: float) -> None:
+    url = engine.url
     world = fleet.world()
     since = time.time()
     with fleet.lock:
@@ -370,7 +465,7 @@ def incident(url: str, fleet: Fleet, notes: Notifications, settle: float) -> Non
           f"{settle:.0f} s after it, per receiver: {dict(counts)}")
     firing = {r["metric"]["alertname"]: r["value"][1] for r in
               query(url, 'count by (alertname) (ALERTS{alertstate="firing"})')}
-    print(f"- alerts firing in Prometheus (name: series): {firing}")
+    print(f"- alerts firing in {engine.name} (name: series): {firing}")
     for text in notes.texts(since, "TrainingStalled")[:1]:
         print(f"- Slack text: {text}")
     since = time.time()
@@ -386,6 +481,64 @@ def incident(url: str, fleet: Fleet, notes: Notifications, settle: float) -> Non
           f"{settle:.0f} s after it, per receiver: {dict(counts)}")
 
 
+@contextmanager
+def running_victoria_metrics(tmp: Path, alertmanager: str, interval: int,
+                             scrapers: int) -> Iterator[Engine]:
+    """The scale-out layout on loopback: ``scrapers`` vmagents, each scraping its share of
+    the targets (vmagent's own cluster sharding: every member reads the same scrape
+    config and keeps the targets whose hash falls to its ``memberNum``), remote-writing
+    to one victoria-metrics; one vmalert evaluating the shipped rule files against it,
+    writing recorded series and ALERTS back to it (and restoring alert state from it)
+    and sending to ``alertmanager``. Each process is stopped afterwards, vmalert first."""
+    store = f"http://127.0.0.1:{free_port()}"
+    config = tmp / "vmagent.yml"
+    config.write_text(yaml.safe_dump({
+        "global": {"scrape_interval": f"{interval}s",
+                   "scrape_timeout": f"{min(interval, 10)}s"},
+        "scrape_configs": scrape_configs(tmp)}))
+    urls: dict[str, str] = {}
+    pids: dict[str, int] = {}
+    with ExitStack() as stack:
+        def start(name: str, binary: str, url: str, *args: str) -> None:
+            log = stack.enter_context((tmp / f"{name}.log").open("w"))
+            proc = subprocess.Popen([require_binary(binary),
+                                     f"-httpListenAddr={url.removeprefix('http://')}",
+                                     "-loggerLevel=WARN", *args],
+                                    stdout=log, stderr=subprocess.STDOUT)
+            stack.callback(stop_process, proc, 15)
+            urls[name], pids[name] = url, proc.pid
+
+        # The report counts whole jobs: at 16,384 ranks about 750 k series in one query,
+        # above the store's default limits of 300 k series and 30 s a query (the rules'
+        # reads stay far below both).
+        start("victoria-metrics", "victoria-metrics", store,
+              f"-storageDataPath={tmp / 'vm-data'}", "-search.maxUniqueTimeseries=2000000",
+              "-search.maxQueryDuration=180s")
+        for member in range(scrapers):
+            shard = ([f"-promscrape.cluster.membersCount={scrapers}",
+                      f"-promscrape.cluster.memberNum={member}"] if scrapers > 1 else [])
+            start(f"vmagent-{member}", "vmagent", f"http://127.0.0.1:{free_port()}",
+                  f"-promscrape.config={config}", *shard,
+                  f"-remoteWrite.url={store}/api/v1/write",
+                  f"-remoteWrite.tmpDataPath={tmp / f'vmagent-{member}'}")
+        start("vmalert", "vmalert", f"http://127.0.0.1:{free_port()}",
+              f"-rule={REPO / 'rules'}/*.rules.yml", f"-evaluationInterval={interval}s",
+              f"-datasource.url={store}", f"-remoteWrite.url={store}",
+              f"-remoteRead.url={store}", f"-notifier.url={alertmanager}")
+        def healthy(url: str) -> bool:
+            status: int = http_get(url + "/health", timeout=1)[0]
+            return status == 200
+
+        for name, url in urls.items():
+            wait_until(functools.partial(healthy, url), timeout=30, interval=0.2,
+                       what=f"{name} healthy (log: {tmp / name}.log)")
+        own = VictoriaSelfMetrics([urls["vmalert"], store], interval)
+        stack.callback(own.stop.set)
+        yield Engine("the store (vmalert's ALERTS)", store, urls["vmalert"], pids, own,
+                     layout=f", on victoria-metrics ({scrapers} vmagent(s), one vmalert)",
+                     series="active series in the store", query_timeout=180)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, default=1024)
@@ -393,6 +546,11 @@ def main() -> int:
     parser.add_argument("--interval", type=int, default=15)
     parser.add_argument("--settle", type=float, default=240.0,
                         help="seconds of scrapes and evaluations before measuring")
+    parser.add_argument("--engine", choices=("prometheus", "victoria-metrics"),
+                        default="prometheus",
+                        help="one Prometheus, or vmagents, victoria-metrics and vmalert")
+    parser.add_argument("--scrapers", type=int, default=2,
+                        help="vmagents sharing the targets (victoria-metrics only)")
     parser.add_argument("--incident", action="store_true")
     parser.add_argument("--observe", type=float, default=120.0,
                         help="seconds each incident's notifications are counted for, "
@@ -411,17 +569,23 @@ def main() -> int:
             tmp, lambda name: f"{receiver.url}/bridge/{name}",
             lambda name: f"{receiver.url}/slack/{name}", "fleet", lambda c: None)
         alertmanager = stack.enter_context(running_alertmanager(am_config, tmp))
-        prometheus = stack.enter_context(launch_prometheus(
-            prometheus_config(tmp, alertmanager, args.interval), tmp / "data",
-            tmp / "prometheus.log"))
-        own = SelfMetrics(prometheus.url, args.interval)
-        stack.callback(own.stop.set)
+        if args.engine == "prometheus":
+            prometheus = stack.enter_context(launch_prometheus(
+                prometheus_config(tmp, alertmanager, args.interval), tmp / "data",
+                tmp / "prometheus.log"))
+            own = SelfMetrics([prometheus.url], args.interval)
+            stack.callback(own.stop.set)
+            engine = Engine("Prometheus", prometheus.url, prometheus.url,
+                            {"Prometheus": prometheus.proc.pid}, own)
+        else:
+            engine = stack.enter_context(running_victoria_metrics(
+                tmp, alertmanager, args.interval, args.scrapers))
         start = time.time()
         wait_until(lambda: time.time() - start >= args.settle, timeout=args.settle + 60,
                    interval=5, what="the settle time")
-        report_scale(prometheus.url, fleet, prometheus.proc.pid, args.interval, own)
+        report_scale(engine, fleet, args.interval)
         if args.incident:
-            incident(prometheus.url, fleet, notes, settle=args.observe)
+            incident(engine, fleet, notes, settle=args.observe)
     return 0
 
 

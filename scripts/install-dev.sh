@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DEBIAN_PACKAGES=(prometheus prometheus-alertmanager prometheus-node-exporter
-                 prometheus-blackbox-exporter wrk)
+                 prometheus-blackbox-exporter wrk victoria-metrics)
 missing=()
 for pkg in "${DEBIAN_PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || missing+=("$pkg")
