@@ -48,8 +48,12 @@ INTERVAL = 1.0  # Prometheus' scrape and evaluation interval in the suite
 # the straggler rule leaves a stalled run alone, so TrainingStraggler's window must
 # outlast the 5 s step budget (and the scrape that sees it run out) as its shipped 10m
 # outlasts real budgets; at 5 s a loaded run paged a hang's culprit as a straggler first.
+# The slower group of training alerts (every minute when shipped) runs at the suite's
+# interval too, as its `for` windows are scaled: at one evaluation a minute a loaded
+# run's TrainingStraggler paged after the case's deadline.
 RULES_OVERRIDE = """
 expected_jobs: [colossalai-node]
+thresholds: {training_slow_evaluation_interval: 1s}
 for:
   TrainingStalled: 5s
   TrainingHangSuspect: 0s
