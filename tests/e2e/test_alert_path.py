@@ -225,18 +225,23 @@ def follow_the_stall(stack: Stack, demo: Demo) -> None:
     deadline = t["signal"] + GOAL + 60
     while "webhook" not in t or "slack" not in t:
         assert time.time() < deadline, f"the stall did not page in time: {t}"
-        now = time.time()
         if "health_503" not in t and http_get(stack.rank0 + "/health", timeout=2)[0] == 503:
-            # When the answer is in: the server judged the stall between ``now`` and
-            # this, and ``now`` could fall a request's latency before the budget.
+            # When the answer is in: the server judged the stall during the request,
+            # and its start could fall a request's latency before the budget.
             t["health_503"] = time.time()
-        if "firing" not in t and stack.prometheus.alerts(PAGE, state="firing"):
-            t["firing"] = now
+        # The later stages are timed from here: one that is seen in the same round
+        # as the 503 must not be dated before it.
+        now = time.time()
+        # Alertmanager before Prometheus: the path's later stage is asked first, so an
+        # alert that reaches both between the two requests is seen by both at ``now``,
+        # never by Alertmanager in this round and Prometheus only in the next.
         if "alertmanager" not in t:
             got = requests.get(stack.alertmanager + "/api/v2/alerts?filter="
                                + quote(f'alertname="{PAGE}"'), timeout=2).json()
             if got:
                 t["alertmanager"] = now
+        if "firing" not in t and stack.prometheus.alerts(PAGE, state="firing"):
+            t["firing"] = now
         if "bridge" not in t:
             stored = [at for at, body in bridge_notifications(stack.workdir / "bridge-state")
                       if PAGE in names(body)]
