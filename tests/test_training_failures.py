@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from colossalai_exporter import Budgets, TrainingMonitor
+from colossalai_exporter.rankstate.families import families
 from colossalai_exporter.rankstate.files import read_snapshot, snapshot_path
 from colossalai_exporter.rankstate.schema import Snapshot
 from colossalai_exporter.training.errors import first_line
@@ -68,6 +69,35 @@ def test_an_oom_in_a_step_is_on_disk_before_it_propagates(tmp_path: Path) -> Non
     assert sample(snap, "colossalai_training_last_error_info", where="step",
                   device="cuda", type="RuntimeError") == 1
     assert sample(snap, "colossalai_training_last_error_timestamp_seconds") == error.time
+    # the time the alert selects, for the device that ran out and no other
+    assert snap.oom_last == {"cuda": error.time}
+    assert sample(snap, "colossalai_gemini_oom_last_timestamp_seconds",
+                  device="cuda") == error.time
+    assert sample(snap, "colossalai_gemini_oom_last_timestamp_seconds", device="cpu") is None
+
+
+FAILURE_TIMES = ("colossalai_gemini_oom_last_timestamp_seconds",
+                 "colossalai_checkpoint_last_failure_timestamp_seconds",
+                 "colossalai_kernel_build_last_failure_timestamp_seconds")
+
+
+@pytest.mark.parametrize("outside", [False, True], ids=["rank server", "node agent"])
+def test_a_rank_that_never_failed_serves_no_failure_times(tmp_path: Path,
+                                                          outside: bool) -> None:
+    # The alerts select these times: a healthy fleet must give them nothing to read,
+    # while the counters beside them are served at zero.
+    monitor = quiet(tmp_path, publish_interval=3600)
+    try:
+        monitor.step_done(0.01)
+        with monitor.checkpoint(step=1), monitor.kernels():
+            pass
+        snap = monitor.snapshot()
+    finally:
+        monitor.close()
+    served = {s.name for fam in families(snap, outside=outside) for s in fam.samples}
+    assert "colossalai_gemini_oom_total" in served
+    assert "colossalai_checkpoint_failures_total" in served
+    assert served.isdisjoint(FAILURE_TIMES), served & set(FAILURE_TIMES)
 
 
 def test_a_failed_checkpoint_names_its_exception(tmp_path: Path) -> None:
@@ -81,6 +111,10 @@ def test_a_failed_checkpoint_names_its_exception(tmp_path: Path) -> None:
     finally:
         monitor.close()
     assert snap.checkpoint.failures == 1
+    assert snap.checkpoint.last_failure is not None
+    assert snap.last_error.time - 1 <= snap.checkpoint.last_failure <= snap.last_error.time
+    assert sample(snap, "colossalai_checkpoint_last_failure_timestamp_seconds") == \
+        snap.checkpoint.last_failure
     assert snap.last_error.where == "checkpoint"
     assert snap.last_error.type == "NotADirectoryError"
     assert "Not a directory" in snap.last_error.message
@@ -102,6 +136,10 @@ def test_a_kernel_build_that_raises_is_counted_and_returns_to_its_phase(tmp_path
     assert snap.last_error.where == "kernels"
     assert snap.last_error.type == "AssertionError"
     assert sample(snap, "colossalai_kernel_build_failures_total") == 1
+    assert snap.kernel_last_failure is not None
+    assert snap.last_error.time - 1 <= snap.kernel_last_failure <= snap.last_error.time
+    assert sample(snap, "colossalai_kernel_build_last_failure_timestamp_seconds") == \
+        snap.kernel_last_failure
 
 
 def test_kernels_have_their_own_budget(tmp_path: Path) -> None:

@@ -346,6 +346,10 @@ TRAINING: tuple[Metric, ...] = (
     _m("colossalai_gemini_oom_total", "counter",
        "Out-of-memory errors raised inside monitored steps and checkpoints, by device.",
        ("rank", "device"), component="training"),
+    _m("colossalai_gemini_oom_last_timestamp_seconds", "gauge",
+       "When the rank last ran out of memory on the device; present only for the devices "
+       "that did (the alerts read it: a set that is empty while all is well is cheap to "
+       "select at fleet size).", ("rank", "device"), "seconds", "training"),
     _m("colossalai_checkpoint_last_success_timestamp_seconds", "gauge",
        "When the last checkpoint finished successfully.", ("rank",), "seconds", "training"),
     _m("colossalai_checkpoint_last_step", "gauge",
@@ -354,6 +358,9 @@ TRAINING: tuple[Metric, ...] = (
        "How long the last checkpoint took.", ("rank",), "seconds", "training"),
     _m("colossalai_checkpoint_failures_total", "counter",
        "Checkpoints that raised.", ("rank",), component="training"),
+    _m("colossalai_checkpoint_last_failure_timestamp_seconds", "gauge",
+       "When a checkpoint last raised; absent before the first failure.", ("rank",),
+       "seconds", "training"),
     _m("colossalai_checkpoint_in_flight", "gauge",
        "1 while a checkpoint is being written, including an async save whose writers the "
        "checkpoint IO still holds.", ("rank",), component="training"),
@@ -362,6 +369,9 @@ TRAINING: tuple[Metric, ...] = (
     _m("colossalai_kernel_build_failures_total", "counter",
        "Kernel loads or JIT builds that raised (ColossalAI's KernelLoader.load, or a "
        "monitor.kernels() block).", ("rank",), component="training"),
+    _m("colossalai_kernel_build_last_failure_timestamp_seconds", "gauge",
+       "When a kernel load or JIT build last raised; absent before the first failure.",
+       ("rank",), "seconds", "training"),
     _m("colossalai_training_last_error_info", "info",
        "The last exception the monitor saw on the rank (always 1): where (step, "
        "checkpoint, kernels, boost, evaluation, run, caught), its type, the device for an "

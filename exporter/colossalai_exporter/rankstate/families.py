@@ -34,12 +34,14 @@ _OUTSIDE = (
     "colossalai_training_productive_seconds_total",
     "colossalai_training_checkpointed_seconds_total", "colossalai_training_stalled",
     "colossalai_kernels_ready", "colossalai_kernel_build_failures_total",
+    "colossalai_kernel_build_last_failure_timestamp_seconds",
     "colossalai_training_last_error_info", "colossalai_training_last_error_timestamp_seconds",
     "colossalai_training_activity_info", "colossalai_training_collective_enqueued",
     "colossalai_training_activity_samples_total",
     "colossalai_training_waiting_samples_total", "colossalai_gemini_oom_total",
+    "colossalai_gemini_oom_last_timestamp_seconds",
     "colossalai_checkpoint_last_success_timestamp_seconds", "colossalai_checkpoint_last_step",
-    "colossalai_checkpoint_failures_total",
+    "colossalai_checkpoint_failures_total", "colossalai_checkpoint_last_failure_timestamp_seconds",
     "colossalai_heartbeat_last_success_timestamp_seconds",
     "colossalai_heartbeat_last_attempt_timestamp_seconds", "colossalai_heartbeat_sends_total",
     "colossalai_training_monitor_errors_total",
@@ -109,6 +111,9 @@ class RankFamilies:
         add("colossalai_training_stalled", [rank], 1.0 if stalled else 0.0)
         add("colossalai_kernels_ready", [rank], 1.0 if snap.kernels_ready else 0.0)
         add("colossalai_kernel_build_failures_total", [rank], snap.kernel_failures)
+        # The failures' times exist only once something failed: what the alerts select.
+        add("colossalai_kernel_build_last_failure_timestamp_seconds", [rank],
+            snap.kernel_last_failure)
         self._last_error(snap, rank)
         self._activity(snap, rank, stalled)
         if stalled:  # like the activity: only while stalled, when it does not move
@@ -119,10 +124,13 @@ class RankFamilies:
         add("colossalai_training_waiting_samples_total", [rank], snap.waiting_samples)
         for device in DEVICES:  # each device from 0, so the first OOM is an increase
             add("colossalai_gemini_oom_total", [rank, device], snap.oom.get(device, 0))
+            add("colossalai_gemini_oom_last_timestamp_seconds", [rank, device],
+                snap.oom_last.get(device))
         ckpt = snap.checkpoint
         add("colossalai_checkpoint_last_success_timestamp_seconds", [rank], ckpt.last_success)
         add("colossalai_checkpoint_last_step", [rank], ckpt.last_step)
         add("colossalai_checkpoint_failures_total", [rank], ckpt.failures)
+        add("colossalai_checkpoint_last_failure_timestamp_seconds", [rank], ckpt.last_failure)
         self._heartbeats(snap, rank)  # only on ranks that send them (rank 0 by default)
         for where in MONITOR_ERROR_PLACES:
             # Outside, only the places that failed: six zeros a rank are for the

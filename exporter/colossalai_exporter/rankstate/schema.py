@@ -70,6 +70,8 @@ class CheckpointState(msgspec.Struct, kw_only=True):
     last_step: int | None = None
     duration: float | None = None
     failures: int = 0
+    #: when a save last raised (absent before the first failure)
+    last_failure: float | None = None
 
 
 class GeminiState(msgspec.Struct, kw_only=True):
@@ -133,6 +135,8 @@ class Snapshot(msgspec.Struct, kw_only=True):
     error: str = ""
     kernels_ready: bool = False
     kernel_failures: int = 0
+    #: when a kernel load or build last raised (absent before the first failure)
+    kernel_last_failure: float | None = None
     last_error: LastError | None = None
     steps: int = 0
     last_step: float | None = None
@@ -146,6 +150,11 @@ class Snapshot(msgspec.Struct, kw_only=True):
     progress: float
     stalls: int = 0
     oom: dict[str, int] = msgspec.field(default_factory=dict)
+    #: when the rank last ran out of memory, by device: only the devices that did.
+    #: The failures' times are what the alerts read, since a set that exists only where
+    #: something failed is cheap to select at fleet size (the counters exist on every
+    #: rank and device; docs/rules.md, "Cost at scale").
+    oom_last: dict[str, float] = msgspec.field(default_factory=dict)
     checkpoint: CheckpointState = msgspec.field(default_factory=CheckpointState)
     gemini: GeminiState | None = None
     heartbeats: dict[str, HeartbeatState] = msgspec.field(default_factory=dict)

@@ -402,9 +402,11 @@ class TrainingMonitor:
             exc._colossalai_exporter_counted = True  # type: ignore[attr-defined]
         device = self._classify(exc)
         state = self._state
+        now = _wall()
         if device is not None:
             state.oom[device] += 1
-        state.last_error = error_record(exc, where, device, _wall(), note)
+            state.oom_last[device] = now
+        state.last_error = error_record(exc, where, device, now, note)
         if publish:
             self._publisher.publish_now()
 

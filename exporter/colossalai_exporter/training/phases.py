@@ -80,6 +80,7 @@ class Phases:
         except BaseException as exc:
             if outer:
                 state.kernel_failures += 1
+                state.kernel_last_failure = _wall()
                 state.kernels_ready = was_ready
                 self.enter(previous if previous != "kernels" else "init")
                 self._record_exception(exc, "kernels")
@@ -121,6 +122,7 @@ class Phases:
             yield
         except BaseException as exc:
             state.checkpoint_failures += 1
+            state.checkpoint_last_failure = _wall()
             note = space_note(self._checkpoint_path)
             self._record_exception(exc, "checkpoint", note=note)
             raise

@@ -82,15 +82,15 @@ class Budgets:
 class RankState:
     """Mutable per-rank state. Plain attributes only; see the module docstring."""
 
-    __slots__ = ("activity_samples", "async_writers", "checkpoint_duration", "checkpoint_failures",
-                 "checkpoint_last_step", "checkpoint_last_success", "checkpointed",
-                 "checkpointing",
-                 "created", "d2h_bytes", "duration_sum", "error", "gemini_chunk_memory",
-                 "h2d_bytes", "heartbeats", "hist", "info", "interruption", "kernel_failures",
-                 "kernels_ready", "last_error", "last_step", "local_rank", "loss",
-                 "monitor_errors", "oom", "phase", "phase_start", "pid", "pid_ns",
-                 "pid_start", "productive", "rank", "recent", "samples",
-                 "stalls", "steps", "tokens", "waiting_samples", "world_size")
+    __slots__ = ("activity_samples", "async_writers", "checkpoint_duration",
+                 "checkpoint_failures", "checkpoint_last_failure", "checkpoint_last_step",
+                 "checkpoint_last_success", "checkpointed", "checkpointing", "created",
+                 "d2h_bytes", "duration_sum", "error", "gemini_chunk_memory", "h2d_bytes",
+                 "heartbeats", "hist", "info", "interruption", "kernel_failures",
+                 "kernel_last_failure", "kernels_ready", "last_error", "last_step",
+                 "local_rank", "loss", "monitor_errors", "oom", "oom_last", "phase",
+                 "phase_start", "pid", "pid_ns", "pid_start", "productive", "rank", "recent",
+                 "samples", "stalls", "steps", "tokens", "waiting_samples", "world_size")
 
     def __init__(self, rank: int, local_rank: int, world_size: int, pid: int,
                  pid_start: float | None, now: float | None = None,
@@ -113,6 +113,7 @@ class RankState:
         # SIGTERM or SIGINT received (training/signals.py), until the rank trains on
         self.interruption: Interruption | None = None
         self.kernel_failures = 0
+        self.kernel_last_failure: float | None = None
         self.steps = 0
         self.last_step: float | None = None
         self.samples = 0
@@ -131,12 +132,14 @@ class RankState:
         self.activity_samples = 0
         self.waiting_samples = 0
         self.oom: dict[str, int] = dict.fromkeys(DEVICES, 0)
+        self.oom_last: dict[str, float] = {}  # when, for the devices that ran out
         self.checkpointing = False
         self.async_writers = 0
         self.checkpoint_last_success: float | None = None
         self.checkpoint_last_step: int | None = None
         self.checkpoint_duration: float | None = None
         self.checkpoint_failures = 0
+        self.checkpoint_last_failure: float | None = None
         self.gemini_chunk_memory: dict[str, float] | None = None
         self.h2d_bytes = 0.0
         self.d2h_bytes = 0.0
@@ -172,6 +175,7 @@ class RankState:
             created=self.created, written=now,
             phase=phase, phase_start=phase_start, error=self.error,  # type: ignore[arg-type]
             kernels_ready=self.kernels_ready, kernel_failures=self.kernel_failures,
+            kernel_last_failure=self.kernel_last_failure,
             last_error=error,  # replaced whole, never changed in place
             interruption=interruption,
             steps=self.steps, last_step=last_step,
@@ -181,13 +185,14 @@ class RankState:
             productive=self.productive, checkpointed=self.checkpointed,
             timeout=timeout, progress=progress, stalls=self.stalls,
             activity_samples=self.activity_samples, waiting_samples=self.waiting_samples,
-            oom=dict(self.oom),
+            oom=dict(self.oom), oom_last=dict(self.oom_last),
             checkpoint=CheckpointState(
                 in_flight=self.checkpointing or self.async_writers > 0,
                 last_success=self.checkpoint_last_success,
                 last_step=self.checkpoint_last_step,
                 duration=self.checkpoint_duration,
-                failures=self.checkpoint_failures),
+                failures=self.checkpoint_failures,
+                last_failure=self.checkpoint_last_failure),
             gemini=None if gemini is None else GeminiState(
                 chunk_memory=dict(gemini), h2d=self.h2d_bytes, d2h=self.d2h_bytes),
             heartbeats={name: msgspec.structs.replace(stats)  # a copy: the sender mutates
