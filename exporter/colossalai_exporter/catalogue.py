@@ -349,7 +349,8 @@ TRAINING: tuple[Metric, ...] = (
     _m("colossalai_gemini_oom_last_timestamp_seconds", "gauge",
        "When the rank last ran out of memory on the device; present only for the devices "
        "that did (the alerts read it: a set that is empty while all is well is cheap to "
-       "select at fleet size).", ("rank", "device"), "seconds", "training"),
+       "select at fleet size; with the rank's run, so no alert joins it).",
+       ("rank", "run", "device"), "seconds", "training"),
     _m("colossalai_checkpoint_last_success_timestamp_seconds", "gauge",
        "When the last checkpoint finished successfully.", ("rank",), "seconds", "training"),
     _m("colossalai_checkpoint_last_step", "gauge",
@@ -359,7 +360,7 @@ TRAINING: tuple[Metric, ...] = (
     _m("colossalai_checkpoint_failures_total", "counter",
        "Checkpoints that raised.", ("rank",), component="training"),
     _m("colossalai_checkpoint_last_failure_timestamp_seconds", "gauge",
-       "When a checkpoint last raised; absent before the first failure.", ("rank",),
+       "When a checkpoint last raised; absent before the first failure.", ("rank", "run"),
        "seconds", "training"),
     _m("colossalai_checkpoint_in_flight", "gauge",
        "1 while a checkpoint is being written, including an async save whose writers the "
@@ -371,7 +372,7 @@ TRAINING: tuple[Metric, ...] = (
        "monitor.kernels() block).", ("rank",), component="training"),
     _m("colossalai_kernel_build_last_failure_timestamp_seconds", "gauge",
        "When a kernel load or JIT build last raised; absent before the first failure.",
-       ("rank",), "seconds", "training"),
+       ("rank", "run"), "seconds", "training"),
     _m("colossalai_training_last_error_info", "info",
        "The last exception the monitor saw on the rank (always 1): where (step, "
        "checkpoint, kernels, boost, evaluation, run, caught), its type, the device for an "

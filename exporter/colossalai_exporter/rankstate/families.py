@@ -97,6 +97,7 @@ class RankFamilies:
         values.setdefault("world_size", str(snap.world_size))
         self._infos["colossalai_training_info"].add_metric(
             [rank, *(str(values.get(k, "")) for k in INFO_LABELS)], {})
+        run = values.get("run", "")
         add("colossalai_training_steps_total", [rank], snap.steps)
         add("colossalai_training_last_step_timestamp_seconds", [rank], snap.last_step)
         add("colossalai_training_step_timeout_seconds", [rank], snap.timeout)
@@ -104,15 +105,15 @@ class RankFamilies:
         # rule or panel needs, since every query selects the phase it asks about == 1.
         add("colossalai_training_phase", [rank, snap.phase], 1.0)
         add("colossalai_training_phase_start_timestamp_seconds", [rank], snap.phase_start)
-        run = values.get("run", "")
         add("colossalai_training_start_timestamp_seconds", [rank, run], snap.created)
         add("colossalai_training_productive_seconds_total", [rank, run], snap.productive)
         add("colossalai_training_checkpointed_seconds_total", [rank, run], snap.checkpointed)
         add("colossalai_training_stalled", [rank], 1.0 if stalled else 0.0)
         add("colossalai_kernels_ready", [rank], 1.0 if snap.kernels_ready else 0.0)
         add("colossalai_kernel_build_failures_total", [rank], snap.kernel_failures)
-        # The failures' times exist only once something failed: what the alerts select.
-        add("colossalai_kernel_build_last_failure_timestamp_seconds", [rank],
+        # The failures' times exist only once something failed: what the alerts select,
+        # with the run, which they would otherwise join from every rank's info.
+        add("colossalai_kernel_build_last_failure_timestamp_seconds", [rank, run],
             snap.kernel_last_failure)
         self._last_error(snap, rank)
         self._activity(snap, rank, stalled)
@@ -124,13 +125,14 @@ class RankFamilies:
         add("colossalai_training_waiting_samples_total", [rank], snap.waiting_samples)
         for device in DEVICES:  # each device from 0, so the first OOM is an increase
             add("colossalai_gemini_oom_total", [rank, device], snap.oom.get(device, 0))
-            add("colossalai_gemini_oom_last_timestamp_seconds", [rank, device],
+            add("colossalai_gemini_oom_last_timestamp_seconds", [rank, run, device],
                 snap.oom_last.get(device))
         ckpt = snap.checkpoint
         add("colossalai_checkpoint_last_success_timestamp_seconds", [rank], ckpt.last_success)
         add("colossalai_checkpoint_last_step", [rank], ckpt.last_step)
         add("colossalai_checkpoint_failures_total", [rank], ckpt.failures)
-        add("colossalai_checkpoint_last_failure_timestamp_seconds", [rank], ckpt.last_failure)
+        add("colossalai_checkpoint_last_failure_timestamp_seconds", [rank, run],
+            ckpt.last_failure)
         self._heartbeats(snap, rank)  # only on ranks that send them (rank 0 by default)
         for where in MONITOR_ERROR_PLACES:
             # Outside, only the places that failed: six zeros a rank are for the

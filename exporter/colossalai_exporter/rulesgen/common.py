@@ -168,15 +168,29 @@ def rank_runs(rank_servers: Selector, node_agents: Selector) -> str:
             f"group by (job, instance, rank) (\n{indent(ranks)}\n)")
 
 
-#: The ranks (by run) some node agent reports: the ranks whose rank-server view
-#: :func:`on_any_rank` leaves out. Recorded after RANK_RUN, once: every rank's phases
-#: are seven series a rank, the widest read of all.
+#: The ranks (by run) some node agent reports, from the info each serves with its run
+#: (a rank the agent has no readable snapshot of has no run to match): the ranks whose
+#: rank-server view :func:`on_any_rank` leaves out, and that TrainingRankDown and the
+#: unreachable rank's TrainingHangSuspect ask about. Recorded once, after RANK_RUN.
 AGENT_RANKS = "run_rank:colossalai_training_seen_by_agent:group"
 
 
 def agent_ranks(node_agents: Selector) -> str:
     """AGENT_RANKS' expression."""
-    return f"group by (run, rank) (\n{indent(with_run(node_agents(PHASE)))}\n)"
+    return f"group by (run, rank) (\n  {node_agents(INFO)}\n)"
+
+
+#: The ranks of AGENT_RANKS that a rank server serves too: all that :func:`on_any_rank`
+#: leaves out of the rank servers' view. One series a served rank (with the default
+#: ``serve: rank0``, one a job), where AGENT_RANKS has one a rank of the fleet: a read
+#: of that cost about 15 ms at 4,096 ranks, and on_any_rank made seven an evaluation.
+#: Recorded after AGENT_RANKS; the rank servers' view takes its run from its own info.
+AGENT_SERVED_RANKS = "run_rank:colossalai_training_seen_by_agent_and_server:group"
+
+
+def agent_served_ranks(rank_servers: Selector) -> str:
+    """AGENT_SERVED_RANKS' expression."""
+    return f"{AGENT_RANKS}\nand on (run, rank)\n  {rank_servers(INFO)}"
 
 
 def with_run(vector: str) -> str:
@@ -237,8 +251,9 @@ def recent_events(series: str, window: Duration, condition: str = "> 0") -> str:
 
 
 def on_any_rank(build: Callable[[Selector], str], rank_servers: Selector,
-                node_agents: Selector) -> str:
-    """``build``'s vector from whichever view sees the rank, each rank once.
+                node_agents: Selector, *, carries_run: bool = False) -> str:
+    """``build``'s vector from whichever view sees the rank, each rank once, with its
+    ``run`` (joined from RANK_RUN, unless ``carries_run``: the series have it).
 
     The node agent re-serves every local rank's series (rank 0's too) from the
     snapshot the rank writes, synchronously when an exception passes: it sees
@@ -247,9 +262,10 @@ def on_any_rank(build: Callable[[Selector], str], rank_servers: Selector,
     own server cannot answer). The rank servers' view counts only where no agent
     reports the same rank of the same run, so nothing is counted twice.
     """
-    return (f"{with_run(build(node_agents))}\nor\n"
-            f"(\n{indent(with_run(build(rank_servers)))}\n"
-            f"  unless on (run, rank)\n    {AGENT_RANKS}\n)")
+    join = (lambda vector: vector) if carries_run else with_run
+    return (f"{join(build(node_agents))}\nor\n"
+            f"(\n{indent(join(build(rank_servers)))}\n"
+            f"  unless on (run, rank)\n    {AGENT_SERVED_RANKS}\n)")
 
 
 def one_view_per_rank(build: Callable[[Selector], str], rank_servers: Selector,

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 from colossalai_exporter.rulesgen.common import (
     AGENT_RANKS,
+    AGENT_SERVED_RANKS,
     DOWN_RANKS,
     LOST_RANKS,
     RANK_RUN,
     STALLED_RANKS,
     agent_ranks,
+    agent_served_ranks,
     down_ranks_rule,
     lost_ranks,
     rank_runs,
@@ -48,6 +50,7 @@ def training(config: RulesConfig) -> RuleFile:
         # appears with an out-of-memory error already counted pages at once.
         Recording(RANK_RUN, rank_runs(rank_servers, node_agents)),
         Recording(AGENT_RANKS, agent_ranks(node_agents)),
+        Recording(AGENT_SERVED_RANKS, agent_served_ranks(rank_servers)),
         # What many alerts read of every rank, each once (common.py, DOWN_RANKS).
         Recording(DOWN_RANKS, down_ranks_rule(rank_servers, node_agents)),
         Recording(STALLED_RANKS, stalled_ranks_rule(rank_servers, node_agents)),

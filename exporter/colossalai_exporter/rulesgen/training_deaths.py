@@ -15,6 +15,7 @@ Prometheus still sees.
 from __future__ import annotations
 
 from colossalai_exporter.rulesgen.common import (
+    AGENT_RANKS,
     FINISHED,
     INFO,
     LOST_RANKS,
@@ -38,7 +39,6 @@ from colossalai_exporter.rulesgen.promql import (
     block,
     expr,
     fill,
-    indent,
     label_is,
     label_is_not,
     matching,
@@ -164,7 +164,7 @@ def unscrapable(rank_servers: Selector, node_agents: Selector) -> Alert:
             * on (job, instance) group_left (run, rank)
               max by (job, instance, run, rank) (last_over_time({rank_servers(INFO)}[1h]))
             unless on (run, rank)
-{indent(with_run(node_agents(RANK_UP)), 14)}
+              {AGENT_RANKS}
             unless on (job, instance)
               last_over_time({rank_servers(PHASE, FINISHED)}[1h])
         """),

@@ -12,9 +12,10 @@ is a consequence a failed build explains.
 The alerts select the failure's time, not the counter. The time exists only on the
 ranks and devices that failed, so the selection is empty while the fleet is healthy;
 the counters exist on every rank and device, and reading three of them over their
-windows cost about 430 ms an evaluation at 4,096 ranks (bench/RESULTS.md). A rank
+windows cost about 350 ms an evaluation at 4,096 ranks (bench/RESULTS.md). A rank
 restarted under the same labels serves a new time when it fails again, and the old
-process' time stays in the window's range: neither hides behind the other.
+process' time stays in the window's range: neither hides behind the other. The times
+carry the rank's run, so no alert joins it from every rank's info.
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def _error_alert(name: str, counter: str, last: str, window: Duration, summary: 
         name,
         on_any_rank(lambda view: f"max_over_time({view(last)}[{window}])"
                                  f" > time() - {window.seconds}",
-                    rank_servers, node_agents),
+                    rank_servers, node_agents, carries_run=True),
         "critical", summary,
         fill(text, count=query(counter, match, 'value | printf "%.0f"'), window=window,
              died=_since_died(), last_error=last_error(), **values),

@@ -16,10 +16,10 @@ from colossalai_exporter.rankstate.schema import PHASES
 from colossalai_exporter.rankstate.schema import WAITING as WAITING_ACTIVITIES
 from colossalai_exporter.rulesgen.common import (
     ACTIVITY,
+    AGENT_RANKS,
     INFO,
     LOST_RANKS,
     RANK,
-    RANK_UP,
     down,
     in_phase,
     last_error,
@@ -203,7 +203,7 @@ def unreachable(node_agents: Selector) -> Alert:
     node (one page for one lost node).
     """
     missing = node_agents(PROBLEM, UNREACHABLE, 'rank!=""', 'run!=""')
-    seen = with_run(node_agents(RANK_UP))
+    seen = AGENT_RANKS  # the ranks some agent reports, recorded once (not every rank's up)
     stalled = runs_with(with_run(stalled_now(node_agents)))
     problem = f"max by (problem) ({PROBLEM}{{run=%q,rank=%q,{UNREACHABLE}}})"
     return Alert(
