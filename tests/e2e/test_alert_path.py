@@ -158,7 +158,10 @@ def alertmanager_config(tmp: Path, bridge_url: str, slack_url: str) -> Path:
     def watchdog_every_5s(config: dict[str, Any]) -> None:
         watchdog = config["route"]["routes"][0]
         assert watchdog["receiver"] == "bridge-watchdog"
-        watchdog.update(group_interval="5s", repeat_interval="5s")
+        # As shipped (1m and 50s), repeat_interval below group_interval: equal, a
+        # re-send waits for the look after the next, a ping every 10 s
+        # (alertmanager.yml; tests/test_alertmanager_config.py measures it).
+        watchdog.update(group_interval="5s", repeat_interval="4s")
 
     return shipped_alertmanager_config(tmp, lambda name: f"{bridge_url}/alertmanager",
                                        lambda name: f"{slack_url}/{name}", TOKEN,
@@ -447,7 +450,8 @@ def test_watchdog_pings_arrive_all_along(stack: Stack) -> None:
     assert pings and pings[0] < stack.stall_start < pings[-1], pings
     during = [p for p in pings if stack.timeline["training"] <= p <= stack.timeline["end"]]
     gaps = [b - a for a, b in itertools.pairwise(during)]
-    # Watchdog every 5 s (group_interval and repeat_interval), plus one evaluation
+    # Watchdog every 5 s (at every group_interval look: repeat_interval is 4 s); one
+    # look missed on a loaded machine, plus one evaluation, is the most allowed
     assert gaps and max(gaps) <= 2 * INTERVAL + 2, gaps
 
 
