@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from bridge_payloads import alert, body
+from colossalai_exporter.bridge import workers
 from colossalai_exporter.bridge.committer import GroupCommitter
 from colossalai_exporter.bridge.config import RetryPolicy, validate
 from colossalai_exporter.bridge.metrics import BridgeStats
@@ -28,7 +29,7 @@ from colossalai_exporter.bridge.store import (
     StoreError,
 )
 from colossalai_exporter.bridge.workers import TargetWorker
-from conftest import loop_gaps
+from conftest import loop_gaps, wait_until
 
 
 def _item(n: int) -> IngestItem:
@@ -162,27 +163,42 @@ def _webhook_worker(store: Store, url: str) -> TargetWorker:
                                                            max_backoff=3600), BridgeStats())
 
 
-def test_an_idle_worker_is_woken_at_once(store: Store) -> None:
+def test_an_idle_worker_is_woken_at_once(store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     from fake_vigilmon import fake_vigilmon
 
+    # An idle poll far longer than any delivery on a loaded machine: only the wake can
+    # deliver within the bound below.
+    monkeypatch.setattr(workers, "IDLE_POLL_SECONDS", 60.0)
+    empty = threading.Event()
+    real = store.next_delivery
+
+    def watched(target: str):  # type: ignore[no-untyped-def]
+        delivery = real(target)
+        if delivery is None:
+            empty.set()
+        return delivery
+
+    store.next_delivery = watched  # type: ignore[method-assign]
     with fake_vigilmon() as vigilmon:
         worker = _webhook_worker(store, vigilmon.url + "/hook")
         worker.start()
         try:
-            time.sleep(0.2)  # the worker found an empty outbox and waits for its poll
+            # The worker found an empty outbox and waits for its poll.
+            assert empty.wait(30), "the worker never looked at the outbox"
             store.ingest(body(alert("TrainingStalled")), [Enqueue("hook", "webhook")])
             started = time.monotonic()
             worker.wake()
-            vigilmon.wait_for("/hook", 1, timeout=5)
+            vigilmon.wait_for("/hook", 1, timeout=30)
             took = time.monotonic() - started
         finally:
             worker.stop()
             worker.join(5)
-    # The idle poll is 1 s: a wake that was ignored would show as about that.
-    assert took < 0.6
+    # The idle poll is 60 s: a wake that was ignored would show as about that.
+    assert took < 30
 
 
-def test_a_webhook_worker_waiting_for_a_retry_is_not_woken(store: Store) -> None:
+def test_a_webhook_worker_waiting_for_a_retry_is_not_woken(
+        store: Store, monkeypatch: pytest.MonkeyPatch) -> None:
     """New deliveries queue behind the one waiting for its retry, so waking the
     worker for them would only cost an outbox query per group commit."""
     import socket
@@ -200,13 +216,18 @@ def test_a_webhook_worker_waiting_for_a_retry_is_not_woken(store: Store) -> None
         return real(target)
 
     store.next_delivery = counted  # type: ignore[method-assign]
+    # No idle poll within the test: every query the worker makes is one a wake caused.
+    monkeypatch.setattr(workers, "IDLE_POLL_SECONDS", 3600.0)
     worker.start()
     try:
-        deadline = time.monotonic() + 5
-        while store.next_delivery("hook").attempts == 0:
+        deadline = time.monotonic() + 30
+        while (delivery := real("hook")) is None or delivery.attempts == 0:
             assert time.monotonic() < deadline, "the first attempt was never made"
             time.sleep(0.02)
-        time.sleep(0.1)
+        # The worker's second query found that delivery waiting for its retry (and the
+        # worker no longer idle): from here it waits for the retry, an hour away.
+        wait_until(lambda: len(queries) >= 2 and not worker._idle, 30,
+                   what="the worker to wait for the retry")
         before = len(queries)
         for _ in range(50):
             store.ingest(body(alert("TrainingStalled")), [Enqueue("hook", "webhook")])
@@ -216,5 +237,5 @@ def test_a_webhook_worker_waiting_for_a_retry_is_not_woken(store: Store) -> None
     finally:
         worker.stop()
         worker.join(5)
-    # Within these 0.2 s the worker may poll once (every 1 s); 50 wakes add nothing.
-    assert after - before <= 1, f"the worker queried the outbox {after - before} times"
+    # 50 wakes add nothing.
+    assert after - before == 0, f"the worker queried the outbox {after - before} times"

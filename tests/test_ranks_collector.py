@@ -22,13 +22,20 @@ from colossalai_exporter.rankstate.files import read_snapshot
 from colossalai_exporter.rankstate.schema import ERROR_REASONS
 from conftest import cli_env, require, require_binary, wait_until
 
+# Budgets a loaded 2-core machine meets while the ranks are healthy: a rank that is
+# not scheduled for a second or two must still count as stepping and up. The stale
+# limit is min(STALE_AFTER, 2 publish intervals + 2 s): 5 s with a 1.5 s interval.
+STEP_TIMEOUT = 5.0
+PUBLISH_INTERVAL = 1.5
+STALE_AFTER = 5.0
+
 # A rank: a plain Python loop with the monitor (the snapshots are the same as under
 # torchrun; the ColossalAI job in test_training_colossalai.py shows that).
-RANK_SCRIPT = textwrap.dedent("""
+RANK_SCRIPT = textwrap.dedent(f"""
     import os, sys, time
     from colossalai_exporter import TrainingMonitor
-    monitor = TrainingMonitor(serve="none", run_dir=sys.argv[1], step_timeout=1.0,
-                              publish_interval=0.1)
+    monitor = TrainingMonitor(serve="none", run_dir=sys.argv[1], step_timeout={STEP_TIMEOUT},
+                              publish_interval={PUBLISH_INTERVAL})
     while True:
         with monitor.step(samples=1) as step:
             time.sleep(0.01)
@@ -65,7 +72,7 @@ def ranks(tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
 
 def test_ranks_seen_from_outside(tmp_path: Path, ranks: list[subprocess.Popen[bytes]]) -> None:
     registry = CollectorRegistry()
-    collector = RanksCollector(tmp_path, stale_after=1.5)
+    collector = RanksCollector(tmp_path, stale_after=STALE_AFTER)
     registry.register(Adapter(collector))
 
     def value(name: str, rank: str, **labels: str) -> float | None:
@@ -78,7 +85,7 @@ def test_ranks_seen_from_outside(tmp_path: Path, ranks: list[subprocess.Popen[by
         assert value("colossalai_training_stalled", rank) == 0
         assert value("colossalai_training_phase", rank, phase="training") == 1
         assert value("colossalai_training_loss", rank) is None  # in-process only
-        assert (value("colossalai_rank_snapshot_age_seconds", rank) or 99) < 1.5
+        assert (value("colossalai_rank_snapshot_age_seconds", rank) or 99) < STALE_AFTER
     # What the nccl collector learns of the node's live ranks: pids, run, world size.
     assert sorted(collector.local_pids().values()) == [0, 1]
     run, world_size = collector.local_world() or ("?", 0)
@@ -87,12 +94,12 @@ def test_ranks_seen_from_outside(tmp_path: Path, ranks: list[subprocess.Popen[by
     # Frozen (SIGSTOP): the process exists, but its snapshot ages and the stall shows.
     frozen, killed = ranks
     os.kill(frozen.pid, signal.SIGSTOP)
-    wait_until(lambda: value("colossalai_training_stalled", "0") == 1, timeout=10,
+    wait_until(lambda: value("colossalai_training_stalled", "0") == 1, timeout=30,
                what="stall judged from outside")
     assert value("colossalai_rank_process_stopped", "0") == 1
-    wait_until(lambda: value("colossalai_rank_up", "0") == 0, timeout=10,
+    wait_until(lambda: value("colossalai_rank_up", "0") == 0, timeout=30,
                what="stale snapshot: rank down")
-    assert (value("colossalai_rank_snapshot_age_seconds", "0") or 0) > 1.5
+    assert (value("colossalai_rank_snapshot_age_seconds", "0") or 0) > STALE_AFTER
     assert value("colossalai_rank_up", "1") == 1  # the other rank is unaffected
 
     # Killed (SIGKILL, as the kernel's OOM killer does): down at once, series kept.
@@ -103,7 +110,7 @@ def test_ranks_seen_from_outside(tmp_path: Path, ranks: list[subprocess.Popen[by
     assert (value("colossalai_training_steps_total", "1") or 0) >= 3
 
     os.kill(frozen.pid, signal.SIGCONT)
-    wait_until(lambda: value("colossalai_rank_up", "0") == 1, timeout=10, what="thawed")
+    wait_until(lambda: value("colossalai_rank_up", "0") == 1, timeout=30, what="thawed")
 
 
 def test_missing_dir_and_garbage_files(tmp_path: Path) -> None:
@@ -215,7 +222,7 @@ def test_a_real_rank_in_its_own_pid_namespace(tmp_path: Path) -> None:
         env=cli_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1"),
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        collector = RanksCollector(tmp_path, stale_after=1.5)
+        collector = RanksCollector(tmp_path, stale_after=STALE_AFTER)
 
         def up() -> float | None:
             return samples_of(collector.collect(time.monotonic() + 5),
@@ -232,7 +239,7 @@ def test_a_real_rank_in_its_own_pid_namespace(tmp_path: Path) -> None:
         rank = psutil.Process(proc.pid).children(recursive=True)[-1]  # the Python rank
         rank.kill()
         rank.wait(10)
-        wait_until(lambda: up() == 0.0, timeout=15, what="the killed rank to go down")
+        wait_until(lambda: up() == 0.0, timeout=30, what="the killed rank to go down")
     finally:
         proc.kill()
         proc.wait(10)

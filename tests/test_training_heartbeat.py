@@ -120,9 +120,11 @@ def test_refusing_service_is_counted_and_steps_are_not_slowed(
                     pass
             wait_until(lambda: monitor.snapshot().heartbeats["step"].failure >= 1,
                        what="failed ping counted")
-            # A refused ping costs the training loop nothing: generous bound, the exact
-            # figure is in bench/RESULTS.md.
-            assert slowest < 0.05
+            # A refused ping costs the training loop nothing: a bound a loaded machine's
+            # scheduling meets (it can hold one step for a good part of a second), which
+            # a step waiting on the ping's connection or its retries would still miss;
+            # the exact figure is in bench/RESULTS.md.
+            assert slowest < 1.0
         finally:
             monitor.close()
     assert TOKEN not in caplog.text
@@ -147,7 +149,7 @@ def test_hanging_service_never_blocks_a_step_and_overflow_is_dropped(tmp_path: P
             with monitor.checkpoint():
                 pass
         elapsed = time.perf_counter() - started
-        assert slowest < 0.05
+        assert slowest < 1.0  # half the 2 s read timeout a blocking ping would wait
         assert elapsed < 1.5  # the 2 s read timeout was never waited for
         assert monitor.snapshot().heartbeats["checkpoint"].dropped >= 1
     finally:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -22,11 +23,16 @@ def format_all_stacks() -> str:
 
 
 def write_stacks(run_dir: Path, rank: int, reason: str, now: float | None = None) -> Path:
-    """Write ``stacks-rank<R>-<unix time>.txt`` into ``run_dir`` and return its path."""
+    """Write ``stacks-rank<R>-<unix time>.txt`` into ``run_dir`` and return its path.
+
+    Written to a hidden temporary file beside it and renamed into place (as the flight
+    recorder's dump is), so a reader that finds the file never sees it partly written."""
     now = time.time() if now is None else now
     path = run_dir / f"stacks-rank{rank}-{int(now)}.txt"
     text = (f"# colossalai-exporter stall evidence, rank {rank}, "
             f"{time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime(now))}\n# {reason}\n\n"
             + format_all_stacks())
-    path.write_text(text, encoding="utf-8")
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
     return path
