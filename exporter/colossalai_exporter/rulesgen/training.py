@@ -76,7 +76,7 @@ def training(config: RulesConfig) -> RuleFile:
         *heartbeats_failing(rank_servers, thresholds.heartbeat_failing_after),
     ), interval=str(thresholds.training_slow_evaluation_interval))
     return RuleFile("colossalai-training", (
-        recording(rank_servers, node_agents),
+        recording(rank_servers, node_agents, str(thresholds.training_slow_evaluation_interval)),
         *goodput_groups(rank_servers, node_agents),
         alerts,
         slow,
