@@ -276,7 +276,7 @@ def test_queries_use_only_catalogued_metrics_and_existing_recording_rules() -> N
                     fabric.STATE,  # the ports' state, drawn as active or not
                     # each rank's and each node's run, joined by the alerts
                     common.RANK_RUN, common.NODE_RUN, common.AGENT_RANKS,
-                    common.AGENT_SERVED_RANKS,
+                    common.AGENT_SERVED_RANKS, common.TROUBLED_RUN,
                     hangs.WAITING_RUNS,
                     # the ranks down, stalled and lost, each read once for the alerts
                     common.DOWN_RANKS, common.STALLED_RANKS, common.LOST_RANKS}

@@ -98,9 +98,11 @@ modules:
     timeout: 10s
     stream: {format: openai, first_token_timeout: 3s, max_token_gap: 2s}
 """
-# The shipped rules, but for the fabric group's interval (1 m): at this run's 5 s, so
-# the fabric panels have data within the run (the documented override, docs/rules.md).
-RULES_OVERRIDE = "thresholds: {infiniband_evaluation_interval: 5s}\n"
+# The shipped rules, but for the fabric group's and the slower training groups'
+# interval (1 m): at this run's 5 s, so the fabric and pace panels have data within the
+# run (the documented overrides, docs/rules.md).
+RULES_OVERRIDE = ("thresholds: {infiniband_evaluation_interval: 5s, "
+                  "training_slow_evaluation_interval: 5s}\n")
 GEMINI_ONLY = {("colossalai-training", "Gemini chunk memory by device"),
                ("colossalai-training", "Gemini host↔device traffic")}
 

@@ -16,12 +16,14 @@ from colossalai_exporter.rulesgen.common import (
     LOST_RANKS,
     RANK_RUN,
     STALLED_RANKS,
+    TROUBLED_RUN,
     agent_ranks,
     agent_served_ranks,
     down_ranks_rule,
     lost_ranks,
     rank_runs,
     stalled_ranks_rule,
+    troubled_runs,
 )
 from colossalai_exporter.rulesgen.config import RulesConfig
 from colossalai_exporter.rulesgen.model import Group, Recording, RuleFile
@@ -54,6 +56,7 @@ def training(config: RulesConfig) -> RuleFile:
         # What many alerts read of every rank, each once (common.py, DOWN_RANKS).
         Recording(DOWN_RANKS, down_ranks_rule(rank_servers, node_agents)),
         Recording(STALLED_RANKS, stalled_ranks_rule(rank_servers, node_agents)),
+        Recording(TROUBLED_RUN, troubled_runs()),
         Recording(LOST_RANKS, lost_ranks(node_agents, thresholds.node_lost_window)),
         stalled(rank_servers),
         *hang_suspects(rank_servers, node_agents),
@@ -73,7 +76,7 @@ def training(config: RulesConfig) -> RuleFile:
         *heartbeats_failing(rank_servers, thresholds.heartbeat_failing_after),
     ), interval=str(thresholds.training_slow_evaluation_interval))
     return RuleFile("colossalai-training", (
-        recording(rank_servers, node_agents),
+        recording(rank_servers, node_agents, str(thresholds.training_slow_evaluation_interval)),
         *goodput_groups(rank_servers, node_agents),
         alerts,
         slow,

@@ -22,6 +22,7 @@ from colossalai_exporter.rulesgen.common import (
     PHASE,
     RANK,
     RANK_UP,
+    TROUBLED_RUN,
     down,
     except_in_phase,
     nodes_dashboard,
@@ -101,7 +102,7 @@ def killed_or_frozen(node_agents: Selector) -> Alert:
             f"  {node_agents(EXIT, NOT_CAUSE_EXITS)}")
     return Alert(
         "TrainingRankDown",
-        with_run(except_in_phase(node_agents, gone, FINISHED)),
+        with_run(except_in_phase(node_agents, gone, FINISHED), TROUBLED_RUN),
         "critical", RANK_DOWN_SUMMARY,
         fill("Rank [[$rank]][[of_run]] on [[$instance]] [[how]].[[reach]]",
              how=how, reach=_down_in_run()),
@@ -130,7 +131,7 @@ def died_of_a_peer(node_agents: Selector) -> Alert:
               f"{node_agents('colossalai_rank_process_alive')} == 1")
     any_cause = "\nor\n".join((
         f"count by (run) ({node_agents(EXIT, EXPLAINING_EXITS)})",
-        runs_with(with_run(frozen)),
+        runs_with(with_run(frozen, TROUBLED_RUN)),
         runs_with(LOST_RANKS),
     ))
     return Alert(
@@ -187,8 +188,8 @@ def node_lost(rank_servers: Selector, node_agents: Selector, window: Duration) -
     """
     trouble = "\nor\n".join((
         f"count by (run) ({node_agents(EXIT, UNFINISHED_EXITS)})",
-        runs_with(with_run(stalled_now(node_agents))),
-        runs_with(with_run(stalled_now(rank_servers))),
+        runs_with(with_run(stalled_now(node_agents), TROUBLED_RUN)),
+        runs_with(with_run(stalled_now(rank_servers), TROUBLED_RUN)),
     ))
     node_ranks = ("job", "instance", "run")
     lost = f"max by (rank) (last_over_time({matching(INFO, node_ranks)}[{window}]))"

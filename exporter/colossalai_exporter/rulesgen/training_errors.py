@@ -91,7 +91,7 @@ def _error_alert(name: str, counter: str, last: str, window: Duration, summary: 
         name,
         on_any_rank(lambda view: f"max_over_time({view(last)}[{window}])"
                                  f" > time() - {window.seconds}",
-                    rank_servers, node_agents, carries_run=True),
+                    rank_servers, node_agents, run_from=None),
         "critical", summary,
         fill(text, count=query(counter, match, 'value | printf "%.0f"'), window=window,
              died=_since_died(), last_error=last_error(), **values),

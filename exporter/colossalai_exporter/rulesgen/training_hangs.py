@@ -20,6 +20,7 @@ from colossalai_exporter.rulesgen.common import (
     INFO,
     LOST_RANKS,
     RANK,
+    TROUBLED_RUN,
     down,
     in_phase,
     last_error,
@@ -95,8 +96,11 @@ WAITING_RUNS = "run:colossalai_training_ranks_waiting:count"
 
 
 def waiting_runs(rank_servers: Selector, node_agents: Selector) -> Recording:
+    # A rank's activity is served only while it is stalled, beside its stalled series
+    # in the same scrape (rankstate/families.py): its ranks are in STALLED_RANKS, so
+    # their run comes from TROUBLED_RUN, here and in named_outside.
     def waiting_ranks(view: Selector) -> str:
-        return runs_with(with_run(answering(view, view(ACTIVITY, WAITING))))
+        return runs_with(with_run(answering(view, view(ACTIVITY, WAITING)), TROUBLED_RUN))
 
     return Recording(WAITING_RUNS, f"{waiting_ranks(node_agents)}\nor\n"
                                    f"{waiting_ranks(rank_servers)}")
@@ -126,7 +130,8 @@ def named_outside(rank_servers: Selector, node_agents: Selector) -> str:
         active = block(view(ACTIVITY, NOT_WAITING), "max without (collective, frame)")
         return outside_own_phases(view, answering(view, active))
 
-    return while_others_wait(block(on_any_rank(elsewhere, rank_servers, node_agents)))
+    return while_others_wait(block(on_any_rank(elsewhere, rank_servers, node_agents,
+                                                run_from=TROUBLED_RUN)))
 
 
 def outside_collective(rank_servers: Selector, node_agents: Selector) -> Alert:
@@ -204,7 +209,7 @@ def unreachable(node_agents: Selector) -> Alert:
     """
     missing = node_agents(PROBLEM, UNREACHABLE, 'rank!=""', 'run!=""')
     seen = AGENT_RANKS  # the ranks some agent reports, recorded once (not every rank's up)
-    stalled = runs_with(with_run(stalled_now(node_agents)))
+    stalled = runs_with(with_run(stalled_now(node_agents), TROUBLED_RUN))
     problem = f"max by (problem) ({PROBLEM}{{run=%q,rank=%q,{UNREACHABLE}}})"
     return Alert(
         "TrainingHangSuspect",
@@ -262,7 +267,7 @@ def collectives_behind(rank_servers: Selector, node_agents: Selector) -> Alert:
     # behind only elsewhere (a 2x2 mesh paged a waiting rank so, for one evaluation).
     def unreported(view: Selector) -> str:
         silent = f"{stalled_now(view)}\nunless on (job, instance, rank)\n  {view(ENQUEUED)}"
-        return block(with_run(answering(view, silent)), "max by (run)")
+        return block(with_run(answering(view, silent), TROUBLED_RUN), "max by (run)")
 
     incomplete = (f"(\n{indent(unreported(node_agents))}\nor\n"
                   f"{indent(unreported(rank_servers))}\n)")

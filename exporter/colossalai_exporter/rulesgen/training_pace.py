@@ -48,8 +48,11 @@ WAIT_SHARE_MEDIAN = "run:colossalai_training_waiting:median_ratio5m"
 SUMMARY = "A training rank is much slower than the rest of its job."
 
 
-def recording(rank_servers: Selector, node_agents: Selector) -> Group:
-    """The training file's recording group: step rates and waiting shares."""
+def recording(rank_servers: Selector, node_agents: Selector, interval: str) -> Group:
+    """The training file's recording group: step rates and waiting shares, every
+    ``interval``. Rates over 5 minutes, read by TrainingStraggler (in the slower alerts'
+    group) and the dashboards, not by an alert that pages within a minute: at 4,096
+    ranks the waiting share alone cost about 200 ms an evaluation."""
     # The share of time each rank waits for the others, from its monitor's samples of
     # the training thread (training/activity.py), on any rank, by run.
     # Only ranks training now and answering: a dead rank's counters stay served
@@ -69,7 +72,7 @@ def recording(rank_servers: Selector, node_agents: Selector) -> Group:
         Recording(STEP_MEAN, step_mean(rank_servers)),
         Recording(WAIT_SHARE, on_any_rank(waiting_share, rank_servers, node_agents)),
         Recording(WAIT_SHARE_MEDIAN, f"quantile by (run) (0.5, {WAIT_SHARE})"),
-    ))
+    ), interval=interval)
 
 
 def step_mean(rank_servers: Selector) -> str:

@@ -15,6 +15,7 @@ from colossalai_exporter.rulesgen.common import (
     RANK,
     STALLED,
     TRAINING,
+    TROUBLED_RUN,
     in_phase,
     last_error,
     on_any_rank,
@@ -88,7 +89,8 @@ def phase_over_budget(name: str, phases: tuple[str, ...], summary: str, what: st
                 f"  ({in_phase(view, matcher)})")
 
     return Alert(
-        name, on_any_rank(over_budget, rank_servers, node_agents), "critical", summary,
+        name, on_any_rank(over_budget, rank_servers, node_agents,
+                          run_from=TROUBLED_RUN), "critical", summary,
         fill("Rank [[$rank]][[of_run]] on [[$instance]] has been in phase "
              "[[$phase]] for [[in_phase]], beyond its budget of "
              "[[budget]]: [[what]].[[last_error]]", budget=_budget(), what=what,
