@@ -195,12 +195,19 @@ def restart_loop(rank_servers: Selector, node_agents: Selector,
         )
     """)
     # The run's earliest last error: the rank that failed first is the likeliest cause,
-    # the others die of it (a peer gone from a collective, torchrun's SIGTERM).
-    first_failed = ("bottomk(1, colossalai_training_last_error_timestamp_seconds "
-                    "* on (job, instance, rank) group_left () max by (job, instance, rank) "
-                    f"({INFO}{{run=%q}}))")
+    # the others die of it (a peer gone from a collective, torchrun's SIGTERM). Over the
+    # window, not at the instant: the alert fires as a restart begins, when the new
+    # processes have not failed yet and their snapshots (which replace the failed
+    # ones') carry no error (a fault-suite crash loop paged without its cause so).
+    def last_in_window(series: str) -> str:
+        return f"max by (job, instance, rank) (last_over_time({series}[{window}]))"
+
+    error_time = last_in_window("colossalai_training_last_error_timestamp_seconds")
+    first_failed = (f"bottomk(1, {error_time} * on (job, instance, rank) group_left () "
+                    f"{last_in_window(f'{INFO}{{run=%q}}')})")
     first_failure = first_sample(
-        f"colossalai_training_last_error_info and on (job, instance, rank) {first_failed}",
+        f"last_over_time(colossalai_training_last_error_info[{window}])"
+        f" and on (job, instance, rank) {first_failed}",
         "$labels.run",
         " First failure (rank {{ .Labels.rank }}, in {{ .Labels.where }}): "
         "{{ .Labels.type }}: {{ .Labels.message }}")
