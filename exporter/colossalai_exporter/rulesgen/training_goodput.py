@@ -18,7 +18,6 @@ from colossalai_exporter.rulesgen.common import (
     RANK,
     TRAINING,
     on_any_rank,
-    one_view_per_rank,
     only_in_phase,
     rank_down,
     runs_with,
@@ -82,10 +81,18 @@ def goodput(rank_servers: Selector, node_agents: Selector,
     return (Recording(checkpointed_increase(window),
                       f"increase({node_agents(SAVED)}[{window}])\nor\n"
                       f"increase({rank_servers(SAVED)}[{window}])"),
-            Recording(kept_seconds(window),
-                      one_view_per_rank(lambda view: _kept(view, window), rank_servers,
-                                        node_agents)),
+            Recording(kept_seconds(window), _kept_once(rank_servers, node_agents, window)),
             Recording(goodput_ratio(window), _ratio(rank_servers, node_agents, window)))
+
+
+def _kept_once(rank_servers: Selector, node_agents: Selector, window: str) -> str:
+    """:func:`_kept` of each rank of a run from one view: the node agent's, else the rank
+    server's. The agent's kept seconds exist exactly where its checkpointed seconds'
+    increase does (the sum is anchored on it), so the rank servers' view leaves out
+    the ranks of that recorded set, read once: computing the agent's whole expression
+    a second time for it (as one_view_per_rank does) cost about half the group."""
+    return (f"{_kept(node_agents, window)}\nor\n(\n{indent(_kept(rank_servers, window))}\n"
+            f"  unless on (run, rank)\n    {node_agents(checkpointed_increase(window))}\n)")
 
 
 def _kept(view: Selector, window: str) -> str:
