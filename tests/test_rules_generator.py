@@ -37,6 +37,22 @@ def test_check_reports_a_stale_file(tmp_path: Path) -> None:
     assert err.strip() == f"{target} is stale: run 'colossalai-exporter rules'"
 
 
+def test_rules_written_elsewhere_leave_the_shipped_prometheusrule_alone(
+        tmp_path: Path) -> None:
+    # An override rendered into another folder once rewrote the checkout's
+    # PrometheusRule with the fault suite's shortened windows.
+    shipped = REPO / "deploy" / "kubernetes" / "prometheusrule.yaml"
+    before = shipped.read_bytes()
+    override = tmp_path / "fast.yml"
+    override.write_text("for: {TrainingStalled: 2s}\n")
+    result = run_cli("rules", "--override", str(override), "--output-dir", str(tmp_path / "out"))
+    assert result.returncode == 0, result.stderr
+    assert shipped.read_bytes() == before
+    assert "prometheusrule" not in result.stdout + result.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted(
+        p.name for p in (REPO / "rules").glob("*.rules.yml"))
+
+
 def test_every_alert_has_a_for_window_and_the_names_match() -> None:
     cfg = rules_config.load(DEFAULT_CONFIG, alerts=rules.alert_names())
     built = {r.name for f in rules.build(cfg) for g in f.groups for r in g.rules

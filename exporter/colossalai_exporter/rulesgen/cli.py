@@ -2,8 +2,8 @@
 
     colossalai-exporter rules                 # write rules/*.rules.yml and the PrometheusRule
     colossalai-exporter rules --check         # exit 1 when a committed file is stale
-    colossalai-exporter rules --override site.yml --output-dir /etc/prometheus/rules \\
-        --kubernetes-output ''                # your thresholds, rules only
+    colossalai-exporter rules --override site.yml --output-dir /etc/prometheus/rules
+                                              # your thresholds, rules only
 
 Bad config (unknown key, wrong type, malformed duration) is one line and exit 2.
 """
@@ -44,14 +44,18 @@ def main(argv: list[str]) -> int:
                         help="YAML merged over the config (any subset of its keys); repeatable")
     parser.add_argument("--output-dir", type=Path, default=DEFAULT_RULES_DIR, metavar="DIR",
                         help="where the *.rules.yml files go (default: rules/)")
-    parser.add_argument("--kubernetes-output", default=str(DEFAULT_KUBERNETES or ""),
-                        metavar="PATH",
+    parser.add_argument("--kubernetes-output", default=None, metavar="PATH",
                         help="the PrometheusRule file; '' to skip (default: "
-                             "deploy/kubernetes/prometheusrule.yaml in a source checkout, "
-                             "none when installed)")
+                             "deploy/kubernetes/prometheusrule.yaml in a source checkout "
+                             "when --output-dir is not given, none otherwise)")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 when a file differs from what would be written")
     args = parser.parse_args(argv)
-    kubernetes = Path(args.kubernetes_output) if args.kubernetes_output else None
+    if args.kubernetes_output is None:
+        # Rules written elsewhere (a site's thresholds) leave the checkout's PrometheusRule
+        # alone: rendering an override into /tmp must not rewrite the shipped file.
+        kubernetes = DEFAULT_KUBERNETES if args.output_dir == DEFAULT_RULES_DIR else None
+    else:
+        kubernetes = Path(args.kubernetes_output) if args.kubernetes_output else None
     files = generate(args.config_file, args.override, args.output_dir, kubernetes)
     return write_or_check(files, check=args.check, regenerate="colossalai-exporter rules")
