@@ -43,9 +43,14 @@ def stalled(rank_servers: Selector) -> Alert:
     phase_start = rank_servers(PHASE_START)
     # Time in phase training without a step: since the last step, or since the
     # rank (re-)entered training (after start-up or a checkpoint), whichever is later.
+    # As of the scrape that read them (the sample's timestamp), not now: a restarted
+    # Prometheus reads the samples from before its restart until its first scrape of the
+    # rank (no staleness marker crosses a restart), and now would count the restart as
+    # time without a step. A healthy run's Prometheus restart paged so, in the fault
+    # suite. A rank server that stops answering marks its series stale at once.
     without_step = expr(f"""
         (
-          time()
+          timestamp({phase_start})
           - (
               {rank_servers("colossalai_training_last_step_timestamp_seconds")} > {phase_start}
             or
