@@ -12,11 +12,12 @@ serve two runs: the counters and start times they read carry ``run`` themselves.
 from __future__ import annotations
 
 from colossalai_exporter.rulesgen.common import (
+    FINISHED,
     INFO,
-    NOT_FINISHED,
-    PHASE,
     RANK,
+    RANK_RUN,
     TRAINING,
+    in_phase,
     on_any_rank,
     only_in_phase,
     rank_down,
@@ -31,6 +32,7 @@ from colossalai_exporter.rulesgen.promql import (
     fill,
     first_sample,
     indent,
+    label_is,
     number,
     query,
 )
@@ -42,6 +44,7 @@ START = "colossalai_training_start_timestamp_seconds"
 LAST_CHECKPOINT = "colossalai_checkpoint_last_success_timestamp_seconds"
 PRODUCED = "colossalai_training_productive_seconds_total"
 SAVED = "colossalai_training_checkpointed_seconds_total"
+RANK_0 = label_is("rank", "0")
 
 
 def goodput_ratio(window: str) -> str:
@@ -126,10 +129,28 @@ def _kept(view: Selector, window: str) -> str:
 def _ratio(rank_servers: Selector, node_agents: Selector, window: str) -> str:
     """The run's goodput: its ranks' mean kept seconds over the window, or over the
     run's age where it is younger (its first start within the window), while a rank of
-    it has not finished."""
+    it has not finished.
+
+    Both terms read few series: the run's first start is its rank 0's (torchrun starts
+    and restarts every rank of a job together), and the runs with a rank not finished
+    are every rank's run (recorded once by the alerts' group) less the ranks that
+    finished, a set empty while a run trains. Read over every rank (each rank's start
+    over the window; each rank's phase joined to its run in each view) they cost about
+    230 ms of the 1 h group's 620 at 4,096 ranks (bench/RESULTS.md).
+    """
     seconds = Duration.parse(window).seconds
     per_rank = kept_seconds(window)
-    live = on_any_rank(lambda view: view(PHASE, NOT_FINISHED), rank_servers, node_agents)
+
+    def first_start(view: Selector) -> str:
+        return f"min_over_time({view(START, RANK_0)}[{window}])"
+
+    # A run whose rank 0 no view serves (its node has no agent and serve="none") is
+    # dated by its ranks' current processes instead: younger after a restart.
+    started = (f"min by (run) ({first_start(rank_servers)} or {first_start(node_agents)})\n"
+               f"or on (run)\n"
+               f"min by (run) ({rank_servers(START)} or {node_agents(START)})")
+    finished = f"{in_phase(node_agents, FINISHED)}\nor\n{in_phase(rank_servers, FINISHED)}"
+    live = f"{RANK_RUN}\nunless on (job, instance, rank)\n(\n{indent(finished)}\n)"
     return expr(f"""
         clamp(
             sum by (run) ({per_rank})
@@ -137,14 +158,16 @@ def _ratio(rank_servers: Selector, node_agents: Selector, window: str) -> str:
             count by (run) (count by (run, rank) ({per_rank}))
           /
             clamp_max(
-              time() - min by (run) (min_over_time({rank_servers(START)}[{window}]) or min_over_time({node_agents(START)}[{window}])),
+              time() - (
+{indent(started, 16)}
+              ),
               {number(seconds)}
             ),
           0, 1
         )
         and on (run)
 {indent(runs_with(live), 10)}
-    """)  # noqa: E501 - one selector a line reads better unbroken
+    """)
 
 
 def checkpoint_overdue(rank_servers: Selector, interval: Duration) -> Alert:
