@@ -12,22 +12,35 @@ from __future__ import annotations
 
 from colossalai_exporter.rulesgen.common import (
     ACTIVITY,
+    FINISHED,
     RANK,
     STALLED,
     TRAINING,
     TROUBLED_RUN,
+    down,
+    except_in_phase,
     in_phase,
     last_error,
     on_any_rank,
     only_in_phase,
     phase_is,
     ranks_of_run,
+    runs_with,
     stalled_now,
     training_dashboard,
     with_run,
 )
 from colossalai_exporter.rulesgen.model import Alert
-from colossalai_exporter.rulesgen.promql import Selector, expr, fill, query, with_first
+from colossalai_exporter.rulesgen.promql import (
+    Selector,
+    block,
+    expr,
+    fill,
+    indent,
+    query,
+    with_first,
+)
+from colossalai_exporter.rulesgen.training_hangs import NOT_WAITING, WAITING, answering
 
 BUDGET = "colossalai_training_step_timeout_seconds"
 PHASE_START = "colossalai_training_phase_start_timestamp_seconds"
@@ -76,8 +89,10 @@ def stalled(rank_servers: Selector) -> Alert:
 
 
 def phase_over_budget(name: str, phases: tuple[str, ...], summary: str, what: str,
-                      rank_servers: Selector, node_agents: Selector) -> Alert:
-    """``name``: a rank in one of ``phases`` for longer than its budget, in either view.
+                      rank_servers: Selector, node_agents: Selector,
+                      unless: str | None = None) -> Alert:
+    """``name``: a rank in one of ``phases`` for longer than its budget, in either view,
+    less the ranks (by run and rank) of ``unless``.
 
     A rank frozen with the GIL held (a checkpoint write into a hung mount inside
     torch.save) cannot answer its own scrape; its last snapshot, which the node agent
@@ -93,9 +108,12 @@ def phase_over_budget(name: str, phases: tuple[str, ...], summary: str, what: st
         return (f"{stalled_now(view)}\n* ignoring (phase) group_left (phase)\n"
                 f"  ({in_phase(view, matcher)})")
 
+    stuck = on_any_rank(over_budget, rank_servers, node_agents, run_from=TROUBLED_RUN)
+    if unless is not None:
+        # Parenthesised: "unless" binds tighter than on_any_rank's "or".
+        stuck = f"{block(stuck)}\nunless on (run, rank)\n{block(unless)}"
     return Alert(
-        name, on_any_rank(over_budget, rank_servers, node_agents,
-                          run_from=TROUBLED_RUN), "critical", summary,
+        name, stuck, "critical", summary,
         fill("Rank [[$rank]][[of_run]] on [[$instance]] has been in phase "
              "[[$phase]] for [[in_phase]], beyond its budget of "
              "[[budget]]: [[what]].[[last_error]]", budget=_budget(), what=what,
@@ -114,8 +132,39 @@ def startup_stuck(rank_servers: Selector, node_agents: Selector) -> Alert:
 
 
 def checkpoint_stuck(rank_servers: Selector, node_agents: Selector) -> Alert:
-    """CheckpointStuck: a checkpoint save beyond the checkpoint budget (a cause alert)."""
+    """CheckpointStuck: a checkpoint save beyond the checkpoint budget (a cause alert),
+    not for a rank whose save waits in a collective for another (waiting_for_another)."""
     return phase_over_budget(
         "CheckpointStuck", ("checkpointing",),
         "A checkpoint save has run longer than its budget.",
-        "a checkpoint save that does not finish", rank_servers, node_agents)
+        "a checkpoint save that does not finish", rank_servers, node_agents,
+        unless=waiting_for_another(rank_servers, node_agents))
+
+
+def waiting_for_another(rank_servers: Selector, node_agents: Selector) -> str:
+    """The ranks (by run and rank) that answer and wait in a collective while another
+    rank of their run is down (not finished) or stalled outside any collective.
+
+    A save gathers state collectively (Gemini, the hybrid plugins), so a checkpoint
+    that waits for a rank that was killed, failed or froze is that rank's consequence:
+    the rank's own alert names it (TrainingRankDown, TrainingRankOOMKilled,
+    TrainingNodeLost, TrainingHangSuspect, or CheckpointStuck for a rank stuck in
+    torch.save itself). Paged as CheckpointStuck, the waiting rank was a second culprit,
+    and as a cause alert it muted the first (Alertmanager's inhibition cannot order
+    the two: TrainingRankDown cannot mute CheckpointStuck and be muted by it). A rank
+    that is down itself is never one of these: it does not answer, and its last
+    snapshot may predate what it froze in. Both sets exist only while ranks are in
+    trouble; with NCCL a waiting rank sits in a CUDA synchronisation ("compute") and
+    is not one of them: its CheckpointStuck pages as before.
+    """
+    def waiting(view: Selector) -> str:
+        return with_run(answering(view, view(ACTIVITY, WAITING)), TROUBLED_RUN)
+
+    def culprits(view: Selector) -> str:
+        gone = except_in_phase(view, down(view), FINISHED)
+        return (f"{runs_with(with_run(gone, TROUBLED_RUN))}\nor\n"
+                f"{runs_with(with_run(view(ACTIVITY, NOT_WAITING), TROUBLED_RUN))}")
+
+    return (f"(\n{indent(waiting(node_agents))}\nor\n{indent(waiting(rank_servers))}\n)\n"
+            f"and on (run)\n(\n{indent(culprits(node_agents))}\nor\n"
+            f"{indent(culprits(rank_servers))}\n)")
