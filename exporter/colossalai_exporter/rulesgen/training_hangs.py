@@ -95,15 +95,18 @@ def outside_own_phases(view: Selector, vector: str) -> str:
 WAITING_RUNS = "run:colossalai_training_ranks_waiting:count"
 
 
-def waiting_runs(rank_servers: Selector, node_agents: Selector) -> Recording:
-    # A rank's activity is served only while it is stalled, beside its stalled series
-    # in the same scrape (rankstate/families.py): its ranks are in STALLED_RANKS, so
-    # their run comes from TROUBLED_RUN, here and in named_outside.
-    def waiting_ranks(view: Selector) -> str:
-        return runs_with(with_run(answering(view, view(ACTIVITY, WAITING)), TROUBLED_RUN))
+def waiting_ranks(view: Selector) -> str:
+    """The ranks of ``view`` that answer and wait for the others, with their run.
 
-    return Recording(WAITING_RUNS, f"{waiting_ranks(node_agents)}\nor\n"
-                                   f"{waiting_ranks(rank_servers)}")
+    A rank's activity is served only while it is stalled, beside its stalled series in
+    the same scrape (rankstate/families.py): its ranks are in STALLED_RANKS, so their
+    run comes from TROUBLED_RUN, here and in named_outside."""
+    return with_run(answering(view, view(ACTIVITY, WAITING)), TROUBLED_RUN)
+
+
+def waiting_runs(rank_servers: Selector, node_agents: Selector) -> Recording:
+    return Recording(WAITING_RUNS, f"{runs_with(waiting_ranks(node_agents))}\nor\n"
+                                   f"{runs_with(waiting_ranks(rank_servers))}")
 
 
 def while_others_wait(vector: str) -> str:

@@ -40,7 +40,7 @@ from colossalai_exporter.rulesgen.promql import (
     query,
     with_first,
 )
-from colossalai_exporter.rulesgen.training_hangs import NOT_WAITING, WAITING, answering
+from colossalai_exporter.rulesgen.training_hangs import NOT_WAITING, waiting_ranks
 
 BUDGET = "colossalai_training_step_timeout_seconds"
 PHASE_START = "colossalai_training_phase_start_timestamp_seconds"
@@ -157,14 +157,12 @@ def waiting_for_another(rank_servers: Selector, node_agents: Selector) -> str:
     trouble; with NCCL a waiting rank sits in a CUDA synchronisation ("compute") and
     is not one of them: its CheckpointStuck pages as before.
     """
-    def waiting(view: Selector) -> str:
-        return with_run(answering(view, view(ACTIVITY, WAITING)), TROUBLED_RUN)
-
     def culprits(view: Selector) -> str:
         gone = except_in_phase(view, down(view), FINISHED)
         return (f"{runs_with(with_run(gone, TROUBLED_RUN))}\nor\n"
                 f"{runs_with(with_run(view(ACTIVITY, NOT_WAITING), TROUBLED_RUN))}")
 
-    return (f"(\n{indent(waiting(node_agents))}\nor\n{indent(waiting(rank_servers))}\n)\n"
+    return (f"(\n{indent(waiting_ranks(node_agents))}\nor\n"
+            f"{indent(waiting_ranks(rank_servers))}\n)\n"
             f"and on (run)\n(\n{indent(culprits(node_agents))}\nor\n"
             f"{indent(culprits(rank_servers))}\n)")
