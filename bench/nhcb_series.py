@@ -11,17 +11,25 @@ text format, as Prometheus scrapes it. Every sample is counted, and each histogr
 family's ``_bucket``/``_sum``/``_count`` series separately: each label set of such
 a family becomes one series when Prometheus 3 converts it
 (``convert_classic_histograms_to_nhcb``). The node agent's view of the same rank
-(``outside=True``, what the agent serves for it) is counted the same way. This
-is a count of what the expositions hold, not a measurement on a Prometheus 3.
+(``outside=True``, what the agent serves for it) is counted the same way.
+
+With ``--prometheus3 PATH`` (Debian testing's, which scripts/install-dev.sh unpacks
+into .tools/prometheus3/usr/bin/prometheus), the same server is then scraped by
+that real Prometheus 3 twice, as job "classic" and as job "nhcb" with
+``convert_classic_histograms_to_nhcb: true``, and the series each job stores are
+counted from its head: the measurement beside the count.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import socket
+import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -79,9 +87,49 @@ def report(view: str, fams: Iterable[Metric], ranks: int) -> None:
           f"({(total - after) * ranks:,} fewer)")
 
 
+def stored_series(prometheus3: str, port: int, work: Path) -> dict[str, int]:
+    """Series a real Prometheus 3 stores for the server on ``port``, scraped as is
+    (job "classic") and converted to NHCB (job "nhcb"), after both scraped it."""
+    jobs = [{"job_name": name, "scrape_interval": "1s",
+             "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+            for name in ("classic", "nhcb")]
+    jobs[1]["convert_classic_histograms_to_nhcb"] = True
+    config = work / "prometheus.yml"
+    config.write_text(json.dumps({"scrape_configs": jobs}))  # JSON is YAML
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        web = probe.getsockname()[1]
+    with (work / "prometheus.log").open("w") as log:
+        proc = subprocess.Popen([prometheus3, f"--config.file={config}",
+                                 f"--storage.tsdb.path={work / 'data'}",
+                                 f"--web.listen-address=127.0.0.1:{web}",
+                                 "--enable-feature=native-histograms"],  # 3.0-3.7 need it
+                                stdout=log, stderr=subprocess.STDOUT)
+    try:
+        query = urllib.parse.quote(
+            'count by (job) ({job=~"classic|nhcb",__name__!~"up|scrape_.+"})')
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{web}/api/v1/query?query={query}",
+                                            timeout=5) as response:
+                    rows = json.load(response)["data"]["result"]
+                counts = {r["metric"]["job"]: int(r["value"][1]) for r in rows}
+                if len(counts) == 2:
+                    return counts
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise RuntimeError(f"Prometheus 3 never stored both jobs (log: {work / 'prometheus.log'})")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ranks", type=int, default=4096)
+    parser.add_argument("--prometheus3", help="a Prometheus 3 binary: also measure what it stores")
     args = parser.parse_args()
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -98,6 +146,13 @@ def main() -> None:
                 pass
             for name, (accept, parse) in FORMATS.items():
                 report(f"rank server ({name}, HTTP)", parse(scrape(port, accept)), args.ranks)
+            if args.prometheus3:
+                stored = stored_series(args.prometheus3, port, Path(run_dir))
+                saved = stored["classic"] - stored["nhcb"]
+                print(f"stored by Prometheus 3 ({args.prometheus3}): {stored['classic']} series "
+                      f"a rank as scraped, {stored['nhcb']} converted ({saved} fewer)")
+                print(f"  {args.ranks:,} ranks: {stored['classic'] * args.ranks:,} -> "
+                      f"{stored['nhcb'] * args.ranks:,} ({saved * args.ranks:,} fewer)")
             snap = monitor.snapshot()
         finally:
             monitor.close()

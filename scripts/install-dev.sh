@@ -19,6 +19,38 @@ if [ "${#missing[@]}" -gt 0 ]; then
   fi
 fi
 
+# Prometheus 3 and a current Alertmanager beside bookworm's 2.42 and 0.25, for the
+# tests that hold the rules, the routing and the NHCB conversion to both: Debian
+# testing's packages, unpacked into .tools/prometheus3 (not installed, so that the
+# Prometheus on PATH stays bookworm's). Go binaries that need only libc.
+fetch_prometheus3() {
+  local dest=.tools/prometheus3 apt_dir suite
+  [ -x "$dest/usr/bin/prometheus" ] && "$dest/usr/bin/prometheus" --version 2>/dev/null \
+    | grep -q "version 3\." && return 0
+  command -v apt-get >/dev/null || { echo "install-dev: no apt-get for Prometheus 3" >&2; return 0; }
+  apt_dir=$(mktemp -d)
+  for suite in testing unstable; do
+    mkdir -p "$apt_dir/lists/partial" "$apt_dir/cache/archives/partial"
+    echo "deb [trusted=yes] http://deb.debian.org/debian $suite main" > "$apt_dir/sources.list"
+    local apt_opts=(-o Dir::Etc::sourcelist="$apt_dir/sources.list" -o Dir::Etc::sourceparts=/dev/null
+                    -o Dir::State::Lists="$apt_dir/lists" -o Dir::Cache="$apt_dir/cache"
+                    -o APT::Sandbox::User=root -qq)
+    if apt-get "${apt_opts[@]}" update >/dev/null 2>&1 \
+        && (cd "$apt_dir" && apt-get "${apt_opts[@]}" download prometheus promtool \
+              prometheus-alertmanager >/dev/null 2>&1); then
+      rm -rf "$dest" && mkdir -p "$dest"
+      for deb in "$apt_dir"/*.deb; do dpkg-deb -x "$deb" "$dest"; done
+      if "$dest/usr/bin/prometheus" --version 2>/dev/null | grep -q "version 3\."; then
+        break
+      fi
+    fi
+    rm -f "$apt_dir"/*.deb
+  done
+  rm -rf "$apt_dir"
+  [ -x "$dest/usr/bin/prometheus" ] || echo "install-dev: Prometheus 3 not fetched (Debian testing, unstable)" >&2
+}
+fetch_prometheus3
+
 PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 PIP=(.venv/bin/python -m pip -q --disable-pip-version-check)

@@ -42,6 +42,19 @@ def require_binary(name: str) -> str:
     return path
 
 
+PROMETHEUS3_BIN = REPO / ".tools" / "prometheus3" / "usr" / "bin"
+
+
+def require_prometheus3(name: str) -> str:
+    """A Prometheus 3 / current Alertmanager tool (prometheus, promtool,
+    prometheus-alertmanager, amtool): Debian testing's, which scripts/install-dev.sh
+    unpacks beside bookworm's 2.42 and 0.25 on PATH."""
+    path = PROMETHEUS3_BIN / name
+    require(path.is_file() and os.access(path, os.X_OK),
+            f"{path} (Prometheus 3 from Debian testing, scripts/install-dev.sh)")
+    return str(path)
+
+
 def is_root() -> bool:
     return os.geteuid() == 0
 

@@ -56,8 +56,10 @@ def prometheus_layout(root: Path, config: Path = PROMETHEUS_DIR / "prometheus.ym
     return target
 
 
-def promtool_check_config(config: Path, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([require_binary("promtool"), "check", "config", *extra, str(config)],
+def promtool_check_config(config: Path, *extra: str, promtool: str | None = None
+                          ) -> subprocess.CompletedProcess[str]:
+    promtool = promtool or require_binary("promtool")
+    return subprocess.run([promtool, "check", "config", *extra, str(config)],
                           capture_output=True, text=True, timeout=60, check=False,
                           cwd=config.parent)
 

@@ -56,10 +56,11 @@ def render_rules(tmp_path: Path, override: str) -> Path:
 
 def start_prometheus(config_path: Path, data_dir: Path, log_path: Path,
                      cwd: Path | None = None, *extra_args: str,
-                     port: int | None = None) -> Prometheus:
+                     port: int | None = None, binary: str | None = None) -> Prometheus:
     """Prometheus on ``config_path`` (loopback, ``port`` or a free one), ready; the caller
-    stops its ``proc`` (launch_prometheus does)."""
-    binary = require_binary("prometheus")
+    stops its ``proc`` (launch_prometheus does). ``binary``: another Prometheus than the
+    one on PATH (conftest.require_prometheus3)."""
+    binary = binary or require_binary("prometheus")
     port = port or free_port()
     with log_path.open("w") as log:
         proc = subprocess.Popen(
@@ -78,9 +79,11 @@ def start_prometheus(config_path: Path, data_dir: Path, log_path: Path,
 
 @contextlib.contextmanager
 def launch_prometheus(config_path: Path, data_dir: Path, log_path: Path,
-                      cwd: Path | None = None, *extra_args: str) -> Iterator[Prometheus]:
+                      cwd: Path | None = None, *extra_args: str,
+                      binary: str | None = None) -> Iterator[Prometheus]:
     """Prometheus on ``config_path`` (loopback, a free port), ready; stopped afterwards."""
-    prometheus = start_prometheus(config_path, data_dir, log_path, cwd, *extra_args)
+    prometheus = start_prometheus(config_path, data_dir, log_path, cwd, *extra_args,
+                                  binary=binary)
     try:
         yield prometheus
     finally:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from colossalai_exporter.slurm import file_sd
-from conftest import REPO, wait_until
+from conftest import REPO, require_prometheus3, wait_until
 from deploy_helpers import (
     PROMETHEUS_DIR,
     RULE_FILES,
@@ -45,14 +45,37 @@ def test_promtool_checks_config_rules_and_every_target_file(tmp_path: Path) -> N
     assert len(RULE_FILES) == 5  # training, node, chat, chat-engines, pipeline
 
 
+def test_prometheus3_takes_the_config_with_its_nhcb_lines_uncommented(tmp_path: Path) -> None:
+    """The two commented ``convert_classic_histograms_to_nhcb`` lines (global and the
+    training job) are right for Prometheus 3, and rightly commented for bookworm's 2.42."""
+    text = CONFIG.read_text()
+    uncommented = re.sub(r"^(\s*)# (convert_classic_histograms_to_nhcb: true)$", r"\1\2",
+                         text, flags=re.M)
+    assert uncommented.count("\n  convert_classic_histograms_to_nhcb: true") == 1  # global
+    assert uncommented.count("\n    convert_classic_histograms_to_nhcb: true") == 1  # the job
+    converted = tmp_path / "converted.yml"
+    converted.write_text(uncommented)
+    config = prometheus_layout(tmp_path / "etc", converted)
+    result = promtool_check_config(config, promtool=require_prometheus3("promtool"))
+    assert result.returncode == 0, result.stdout + result.stderr
+    refused = promtool_check_config(config)  # bookworm's 2.42
+    assert "field convert_classic_histograms_to_nhcb not found" in refused.stdout + refused.stderr
+    # and the shipped one, as it is, on Prometheus 3 too
+    shipped = prometheus_layout(tmp_path / "shipped")
+    result = promtool_check_config(shipped, promtool=require_prometheus3("promtool"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_promtool_rejects_a_broken_target_file(tmp_path: Path) -> None:
     """The check above would notice a bad file_sd file: promtool reads them."""
     config = prometheus_layout(tmp_path)
+    # A label value given as a list (a YAML nesting slip). Not a dashed label name:
+    # Prometheus 3 accepts any UTF-8 label name, so that one is no longer broken.
     (tmp_path / "targets" / "colossalai-node" / "bad.yml").write_text(
-        "- targets: [a:1]\n  labels: {bad-label: x}\n")
+        "- targets: [a:1]\n  labels: {team: [ml-infra]}\n")
     result = promtool_check_config(config)
     assert result.returncode == 1
-    assert "bad-label" in result.stdout + result.stderr
+    assert "cannot unmarshal" in result.stdout + result.stderr
 
 
 def test_job_names_are_the_ones_the_rules_select() -> None:

@@ -187,3 +187,105 @@ def test_step_mean_and_p90_read_native_classic_and_both(prometheus: Prometheus) 
     # every observation in (1, 2]: 90% of the way through the bucket, either form
     # (rank 2's native (2, 4] would give 3.8; a collision would give nothing)
     assert quantiles == pytest.approx({"0": 1.9, "1": 1.9, "2": 1.9}), quantiles
+
+
+# --- Prometheus 3: a real rank server's classic histogram converted at scrape ---------
+
+STEP_FAMILY = "colossalai_training_step_duration_seconds"
+
+
+def _stored(prometheus: Prometheus, job: str) -> dict[str, int]:
+    """Series Prometheus holds for ``job``, by metric name (its own up/scrape_* left out)."""
+    counts: dict[str, int] = {}
+    for row in prometheus.query(f'count by (__name__) ({{job="{job}",__name__!~"up|scrape_.+"}})'):
+        counts[row["metric"]["__name__"]] = int(row["value"][1])
+    return counts
+
+
+def test_prometheus3_converts_a_rank_servers_histogram_and_the_rules_read_it(
+        tmp_path: Path) -> None:
+    """Prometheus 3 (Debian testing's) scrapes one real TrainingMonitor server twice:
+    job "classic" as is, job "nhcb" with ``convert_classic_histograms_to_nhcb``, as
+    docs/deploy.md ships it. The converted job stores the step histogram as one series
+    (no ``_bucket``/``_sum``/``_count``) and every other series as the classic job does;
+    the cumulative mean and p90 read the same from both; the shipped step-mean rule and
+    the p90 panel answer once for the converted job."""
+    from colossalai_exporter import TrainingMonitor
+    from conftest import free_port, require_prometheus3
+
+    binary = require_prometheus3("prometheus")
+    port = free_port()
+    monitor = TrainingMonitor(rank=0, local_rank=0, world_size=1, serve="rank0", port=port,
+                              host="127.0.0.1", run_dir=str(tmp_path / "run"),
+                              publish_interval=0.1)
+    stop = threading.Event()
+    steps = 0
+
+    def train() -> None:  # steps of about 20 ms until told to stop
+        nonlocal steps
+        while not stop.is_set():
+            with monitor.step(samples=4, tokens=4096) as step:
+                time.sleep(0.02)
+                step.loss = 1.25
+            steps += 1
+
+    jobs = [{"job_name": name, "scrape_interval": "1s",
+             "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
+            for name in ("classic", "nhcb")]
+    jobs[1]["convert_classic_histograms_to_nhcb"] = True
+    config = tmp_path / "prometheus.yml"
+    config.write_text(yaml.safe_dump({"global": {"scrape_interval": "1s"},
+                                      "scrape_configs": jobs}))
+    trainer = threading.Thread(target=train, daemon=True)
+    trainer.start()
+    try:
+        # 3.0-3.7 refuse every histogram sample without the flag (docs/deploy.md)
+        with launch_prometheus(config, tmp_path / "data", tmp_path / "prometheus.log", None,
+                               "--enable-feature=native-histograms",
+                               binary=binary) as prometheus:
+            rate_both = (f"histogram_count(rate({STEP_FAMILY}[1m])) > 0 "
+                         f"or rate({STEP_FAMILY}_count[1m]) > 0")
+            wait_until(lambda: len(prometheus.query(rate_both)) == 2, timeout=60,
+                       interval=0.5, what="both jobs scraped the steps twice")
+
+            mean = next(r["expr"] for g in yaml.safe_load(
+                (REPO / "rules" / "colossalai-training.rules.yml").read_text())["groups"]
+                for r in g["rules"] if r.get("record") == rules.STEP_MEAN)
+            means = prometheus.query(mean.replace('job="colossalai-training"', 'job="nhcb"'))
+            assert len(means) == 1 and 0.01 < float(means[0]["value"][1]) < 10, means
+            dashboard = json.loads((REPO / "grafana" / "dashboards"
+                                    / "colossalai-training.json").read_text())
+            (p90,) = [e for e in _exprs(dashboard) if e.startswith("histogram_quantile(0.9")]
+            p90 = (p90.replace("$__rate_interval", "1m").replace('"$job"', '"nhcb"')
+                   .replace('"$rank"', '".+"'))
+            quantiles = prometheus.query(p90)
+            assert len(quantiles) == 1 and 0.01 < float(quantiles[0]["value"][1]) < 10, quantiles
+
+            stop.set()
+            trainer.join(timeout=10)
+            # both jobs past the last step: the same counts
+            wait_until(lambda: {float(r["value"][1]) for r in prometheus.query(
+                f'histogram_count({STEP_FAMILY}{{job="nhcb"}}) '
+                f'or {STEP_FAMILY}_count{{job="classic"}}')} == {float(steps)},
+                timeout=30, interval=0.5, what="both jobs scraped the last step")
+            classic, nhcb = _stored(prometheus, "classic"), _stored(prometheus, "nhcb")
+            buckets = classic.pop(f"{STEP_FAMILY}_bucket")
+            assert classic.pop(f"{STEP_FAMILY}_sum") == classic.pop(f"{STEP_FAMILY}_count") == 1
+            assert nhcb.pop(STEP_FAMILY) == 1
+            assert nhcb == classic  # every other series stored alike
+            assert buckets >= 10  # the step histogram's bounds and +Inf: 19 series become 1
+
+            def value(expr: str) -> float:
+                (row,) = prometheus.query(expr)
+                return float(row["value"][1])
+
+            assert value(f'histogram_sum({STEP_FAMILY}{{job="nhcb"}}) / '
+                         f'histogram_count({STEP_FAMILY}{{job="nhcb"}})') == pytest.approx(
+                value(f'{STEP_FAMILY}_sum{{job="classic"}} / {STEP_FAMILY}_count{{job="classic"}}'))
+            # custom buckets interpolate linearly, as the classic function does
+            classic_p90 = f'sum by (le) ({STEP_FAMILY}_bucket{{job="classic"}})'
+            assert value(f'histogram_quantile(0.9, {STEP_FAMILY}{{job="nhcb"}})') == pytest.approx(
+                value(f"histogram_quantile(0.9, {classic_p90})"))
+    finally:
+        stop.set()
+        monitor.close()

@@ -252,10 +252,14 @@ def nvlink_errors(node_agents: Selector, th: Thresholds) -> Alert:
     positives), so it ships record-only."""
     errors = node_agents("colossalai_gpu_nvlink_errors_total")
     minutes, window = th.gpu_nvlink_error_minutes, th.gpu_nvlink_error_window
+    # "Higher than a minute before", not increase(x[1m]): Prometheus 3's ranges leave
+    # out their first instant, so a 1m range over an agent scraped every minute holds
+    # one sample, and increase() of one sample is nothing: the alert would never fire.
+    # A reset reads negative here and skips that one minute, which a warning can lose.
     return Alert(
         "GPUNVLinkErrors",
         expr(f"""
-            count_over_time((increase({errors}[1m]) > 0)[{window}:1m])
+            count_over_time(({errors} - {errors} offset 1m > 0)[{window}:1m])
               > {minutes}
         """),
         "warning", "A GPU's NVLink keeps counting errors.",
