@@ -55,6 +55,19 @@ def require_prometheus3(name: str) -> str:
     return str(path)
 
 
+#: The Prometheus and Alertmanager a test stack runs: Debian bookworm's (2.42, 0.25, on
+#: PATH) or Debian testing's ("current": Prometheus 3, Alertmanager 0.28 and later).
+RELEASES = ("bookworm", "current")
+
+
+def stack_binaries(release: str) -> tuple[str, str]:
+    """(prometheus, prometheus-alertmanager) of ``release`` (RELEASES)."""
+    if release == "bookworm":
+        return require_binary("prometheus"), require_binary("prometheus-alertmanager")
+    assert release == "current", release
+    return require_prometheus3("prometheus"), require_prometheus3("prometheus-alertmanager")
+
+
 def is_root() -> bool:
     return os.geteuid() == 0
 

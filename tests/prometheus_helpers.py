@@ -127,11 +127,12 @@ def shipped_alertmanager_config(tmp: Path, webhook_url: Callable[[str], str],
 
 
 @contextlib.contextmanager
-def running_alertmanager(config_path: Path, tmp_path: Path) -> Iterator[str]:
+def running_alertmanager(config_path: Path, tmp_path: Path,
+                         binary: str | None = None) -> Iterator[str]:
     """Alertmanager on ``config_path`` (loopback, a free port, no cluster), ready; yields
     its base URL and stops it afterwards. State in tmp_path/am-data, log in
-    tmp_path/alertmanager.log."""
-    binary = require_binary("prometheus-alertmanager")
+    tmp_path/alertmanager.log. ``binary``: another than the one on PATH."""
+    binary = binary or require_binary("prometheus-alertmanager")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     log_path = tmp_path / "alertmanager.log"

@@ -22,7 +22,15 @@ from colossalai_exporter.rulesgen.rules import (
     alert_names,
 )
 from colossalai_exporter.rulesgen.verdict import REMEDIES
-from conftest import REPO, http_get, require_binary, require_prometheus3, wait_until
+from conftest import (
+    RELEASES,
+    REPO,
+    http_get,
+    require_binary,
+    require_prometheus3,
+    stack_binaries,
+    wait_until,
+)
 from fake_vigilmon import fake_vigilmon
 from prometheus_helpers import running_alertmanager, shipped_alertmanager_config
 
@@ -375,9 +383,11 @@ def post_alerts(url: str, body: bytes) -> None:
 
 
 @pytest.mark.slow
-def test_real_alertmanager_inhibits_warning_of_same_alert_and_job(tmp_path: Path) -> None:
+@pytest.mark.parametrize("release", RELEASES)
+def test_real_alertmanager_inhibits_warning_of_same_alert_and_job(
+        tmp_path: Path, release: str) -> None:
     """The config loaded by a real Alertmanager: critical mutes its own warning, not others."""
-    with running_alertmanager(CONFIG, tmp_path) as url:
+    with running_alertmanager(CONFIG, tmp_path, stack_binaries(release)[1]) as url:
         def alert(severity: str, job: str) -> dict[str, Any]:
             return {"labels": {"alertname": "CheckpointDiskLow", "severity": severity,
                                "job": job, "instance": "node-a:9466"},
@@ -407,10 +417,12 @@ def test_real_alertmanager_inhibits_warning_of_same_alert_and_job(tmp_path: Path
         assert seen[-1] == expected
 
 
-def test_real_alertmanager_mutes_a_gpus_warnings_under_its_own_action(tmp_path: Path) -> None:
+@pytest.mark.parametrize("release", RELEASES)
+def test_real_alertmanager_mutes_a_gpus_warnings_under_its_own_action(
+        tmp_path: Path, release: str) -> None:
     """NVML asks GPU 1 of node-a for a reset: GPU 1's pending row remap is muted, not
     GPU 2's, nor GPU 1's of another node."""
-    with running_alertmanager(CONFIG, tmp_path) as url:
+    with running_alertmanager(CONFIG, tmp_path, stack_binaries(release)[1]) as url:
         def alert(name: str, severity: str, instance: str, gpu: str) -> dict[str, Any]:
             return {"labels": {"alertname": name, "severity": severity, "gpu": gpu,
                                "job": "colossalai-node", "instance": instance},
@@ -441,9 +453,11 @@ def test_real_alertmanager_mutes_a_gpus_warnings_under_its_own_action(tmp_path: 
 
 
 @pytest.mark.slow
-def test_real_alertmanager_mutes_a_runs_consequences_under_its_cause(tmp_path: Path) -> None:
+@pytest.mark.parametrize("release", RELEASES)
+def test_real_alertmanager_mutes_a_runs_consequences_under_its_cause(
+        tmp_path: Path, release: str) -> None:
     """A fatal OOM of run r1 mutes r1's rank-down and rendezvous alerts, not run r2's."""
-    with running_alertmanager(CONFIG, tmp_path) as url:
+    with running_alertmanager(CONFIG, tmp_path, stack_binaries(release)[1]) as url:
         def alert(name: str, run: str, rank: str = "1") -> dict[str, Any]:
             return {"labels": {"alertname": name, "severity": "critical", "run": run,
                                "job": "colossalai-node", "instance": "node-3:9466",

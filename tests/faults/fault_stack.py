@@ -30,7 +30,7 @@ import yaml
 
 from colossalai_exporter.rankstate.files import read_snapshot, snapshot_path
 from colossalai_exporter.rankstate.schema import Snapshot
-from conftest import ServerProcess, cli_env, free_port, stop_process, wait_until
+from conftest import ServerProcess, cli_env, free_port, stack_binaries, stop_process, wait_until
 from fake_vigilmon import FakeVigilmon, Recorded
 from gpu_helpers import Scenario, fake_nvml_env, gpu
 from prometheus_helpers import (
@@ -180,6 +180,8 @@ class Stack:
     notes: list[str] = field(default_factory=list)
     #: the fake NVML every agent reads, when the case gives the node GPUs
     gpus: Scenario | None = None
+    #: the Prometheus binary, for restart_prometheus
+    prometheus_binary: str | None = None
 
     @property
     def job(self) -> Job:
@@ -247,7 +249,8 @@ class Stack:
         assert self.prometheus_config is not None
         port = int(self.prometheus.url.rsplit(":", 1)[1])
         stop_process(self.prometheus.proc, timeout=15)
-        self.prometheus = run_prometheus(self.prometheus_config, self.tmp, port)
+        self.prometheus = run_prometheus(self.prometheus_config, self.tmp, port,
+                                         self.prometheus_binary)
 
 
 def agent_env(gpus: Scenario | None) -> dict[str, str] | None:
@@ -261,10 +264,11 @@ def start_agent(args: list[str], port: int, env: dict[str, str] | None = None) -
     return agent
 
 
-def run_prometheus(config: Path, tmp: Path, port: int) -> Prometheus:
+def run_prometheus(config: Path, tmp: Path, port: int, binary: str | None = None) -> Prometheus:
     """Prometheus as the suite runs it, on ``port``; the caller stops it."""
     return start_prometheus(config, tmp / "prometheus-data", tmp / "prometheus.log", None,
-                            f"--rules.alert.resend-delay={INTERVAL:g}s", port=port)
+                            f"--rules.alert.resend-delay={INTERVAL:g}s", port=port,
+                            binary=binary)
 
 
 @contextlib.contextmanager
@@ -273,7 +277,7 @@ def running_stack(tmp: Path, receiver: FakeVigilmon, fault: str, rank: int,
                   ranks: int = 2, restarts: int = 0,
                   shipped_for: tuple[str, ...] = (), topology: str = "booster",
                   nodes: int = 1, agent_defaults: bool = False,
-                  gpus: int = 0) -> Iterator[Stack]:
+                  gpus: int = 0, release: str = "bookworm") -> Iterator[Stack]:
     """Receiver, Alertmanager, agents and Prometheus first, then the job: Prometheus sees
     the job from its first second, as it would a job started under a running stack.
 
@@ -285,7 +289,8 @@ def running_stack(tmp: Path, receiver: FakeVigilmon, fault: str, rank: int,
     on a node (its GPU collector on, the default watched paths), told only where the
     ranks and the rendezvous are. ``gpus``: every agent reads that many GPUs from a fake
     NVML (tests/fake_nvml); ``Stack.gpus`` is its scenario, which a case rewrites to make
-    a GPU fail."""
+    a GPU fail. ``release``: whose Prometheus and Alertmanager (conftest.RELEASES)."""
+    prometheus_binary, alertmanager_binary = stack_binaries(release)
     override = yaml.safe_load(RULES_OVERRIDE)
     for name in shipped_for:
         del override["for"][name]
@@ -293,7 +298,7 @@ def running_stack(tmp: Path, receiver: FakeVigilmon, fault: str, rank: int,
     master_port, rank0_port = free_port(), free_port()
     with contextlib.ExitStack() as stop:
         alertmanager = stop.enter_context(running_alertmanager(
-            alertmanager_config(tmp, receiver.url), tmp))
+            alertmanager_config(tmp, receiver.url), tmp, alertmanager_binary))
         agents: list[ServerProcess] = []
         scenario = Scenario(tmp / "nvml.json").write(gpus=[gpu(i) for i in range(gpus)]) \
             if gpus else None
@@ -313,9 +318,9 @@ def running_stack(tmp: Path, receiver: FakeVigilmon, fault: str, rank: int,
         config = prometheus_config(tmp, rules, alertmanager.removeprefix("http://"),
                                    f"127.0.0.1:{rank0_port}",
                                    [f"127.0.0.1:{a.port}" for a in agents])
-        stack = Stack(tmp, run_prometheus(config, tmp, free_port()), alertmanager, receiver,
-                      [], agents, f"http://127.0.0.1:{rank0_port}", ranks * nodes, config,
-                      gpus=scenario)
+        stack = Stack(tmp, run_prometheus(config, tmp, free_port(), prometheus_binary),
+                      alertmanager, receiver, [], agents, f"http://127.0.0.1:{rank0_port}",
+                      ranks * nodes, config, gpus=scenario, prometheus_binary=prometheus_binary)
         stop.callback(lambda: stop_process(stack.prometheus.proc, timeout=15))
         for node in range(nodes):
             job = start_job(tmp, fault, rank, checkpoint_dir, master_port, rank0_port,
