@@ -28,6 +28,7 @@ Alertmanager. It reports the same things, for each of those processes.
     python bench/fleet.py --ranks 1024
     python bench/fleet.py --ranks 4096 --incident
     python bench/fleet.py --ranks 4096 --engine victoria-metrics --scrapers 2
+    python bench/fleet.py --ranks 4096 --release current   # Prometheus 3, Alertmanager 0.33
 """
 
 from __future__ import annotations
@@ -68,7 +69,15 @@ from colossalai_exporter.rankstate.schema import (  # noqa: E402
 )
 from colossalai_exporter.training.state import STEP_BUCKETS  # noqa: E402
 from colossalai_exporter.web.exposition import encode_text  # noqa: E402
-from conftest import free_port, http_get, require_binary, stop_process, wait_until  # noqa: E402
+from conftest import (  # noqa: E402
+    RELEASES,
+    free_port,
+    http_get,
+    require_binary,
+    stack_binaries,
+    stop_process,
+    wait_until,
+)
 from fake_vigilmon import FakeVigilmon, fake_vigilmon  # noqa: E402
 from gpu_helpers import fake_nvml_env, gpu  # noqa: E402
 from prometheus_helpers import (  # noqa: E402
@@ -551,6 +560,9 @@ def main() -> int:
                         help="one Prometheus, or vmagents, victoria-metrics and vmalert")
     parser.add_argument("--scrapers", type=int, default=2,
                         help="vmagents sharing the targets (victoria-metrics only)")
+    parser.add_argument("--release", choices=RELEASES, default="bookworm",
+                        help="whose Prometheus and Alertmanager: Debian bookworm's (2.42, "
+                             "0.25) or testing's (Prometheus 3, .tools/prometheus3)")
     parser.add_argument("--incident", action="store_true")
     parser.add_argument("--observe", type=float, default=120.0,
                         help="seconds each incident's notifications are counted for, "
@@ -568,11 +580,13 @@ def main() -> int:
         am_config = shipped_alertmanager_config(
             tmp, lambda name: f"{receiver.url}/bridge/{name}",
             lambda name: f"{receiver.url}/slack/{name}", "fleet", lambda c: None)
-        alertmanager = stack.enter_context(running_alertmanager(am_config, tmp))
+        prometheus_binary, alertmanager_binary = stack_binaries(args.release)
+        alertmanager = stack.enter_context(running_alertmanager(am_config, tmp,
+                                                                alertmanager_binary))
         if args.engine == "prometheus":
             prometheus = stack.enter_context(launch_prometheus(
                 prometheus_config(tmp, alertmanager, args.interval), tmp / "data",
-                tmp / "prometheus.log"))
+                tmp / "prometheus.log", binary=prometheus_binary))
             own = SelfMetrics([prometheus.url], args.interval)
             stack.callback(own.stop.set)
             engine = Engine("Prometheus", prometheus.url, prometheus.url,
