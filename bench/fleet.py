@@ -210,8 +210,8 @@ class Notifications:
     def __init__(self, receiver: FakeVigilmon) -> None:
         self.receiver = receiver
 
-    def _received(self, since: float) -> Iterator[tuple[str, str, dict[str, Any]]]:
-        """(receiver, alert name, body) of each notification since ``since``."""
+    def _received(self, since: float) -> Iterator[tuple[str, str, dict[str, Any], float]]:
+        """(receiver, alert name, body, when) of each notification since ``since``."""
         for note in self.receiver.received("/"):
             if note.at < since:
                 continue
@@ -221,13 +221,30 @@ class Notifications:
                 name = found.group(1) if found else ""
             else:
                 name = body.get("commonLabels", {}).get("alertname", "")
-            yield note.path.rsplit("/", 1)[-1], name, body
+            yield note.path.rsplit("/", 1)[-1], name, body, note.at
 
     def by_receiver(self, since: float, alertname: str) -> Counter[str]:
-        return Counter(r for r, name, _ in self._received(since) if name == alertname)
+        return Counter(r for r, name, _, _ in self._received(since) if name == alertname)
+
+    def log(self, since: float, alertname: str) -> list[str]:
+        """One line a notification of ``alertname`` since ``since``: when, to whom,
+        firing or resolved, how many alerts, and the first alert's rank."""
+        lines = []
+        for receiver, name, body, at in self._received(since):
+            if name != alertname:
+                continue
+            if "attachments" in body:
+                title = body["attachments"][0]["title"]
+                lines.append(f"{at - since:6.1f} s  {receiver}: {title}")
+            else:
+                alerts = body.get("alerts", [])
+                rank = alerts[0]["labels"].get("rank", "-") if alerts else "-"
+                lines.append(f"{at - since:6.1f} s  {receiver}: {body.get('status')}, "
+                             f"{len(alerts)} alert(s), first rank {rank}")
+        return lines
 
     def texts(self, since: float, alertname: str) -> list[str]:
-        return [json.dumps(body)[:600] for r, name, body in self._received(since)
+        return [json.dumps(body)[:600] for r, name, body, _ in self._received(since)
                 if r == "slack-critical" and name == alertname]
 
 
@@ -477,6 +494,9 @@ def incident(engine: Engine, fleet: Fleet, notes: Notifications, settle: float) 
     print(f"- alerts firing in {engine.name} (name: series): {firing}")
     for text in notes.texts(since, "TrainingStalled")[:1]:
         print(f"- Slack text: {text}")
+    print("- each notification, from the stall:")
+    for line in notes.log(since, "TrainingStalled"):
+        print(f"  - {line}")
     since = time.time()
     with fleet.lock:
         fleet.dead.add(3)
@@ -488,6 +508,9 @@ def incident(engine: Engine, fleet: Fleet, notes: Notifications, settle: float) 
     counts = notes.by_receiver(since, "TrainingRankDown")
     print(f"- first notification {first - since:.0f} s after the death; in the "
           f"{settle:.0f} s after it, per receiver: {dict(counts)}")
+    print("- each notification, from the death:")
+    for line in notes.log(since, "TrainingRankDown"):
+        print(f"  - {line}")
 
 
 @contextmanager

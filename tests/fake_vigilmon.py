@@ -4,7 +4,10 @@ The real Vigilmon cannot run here and its heartbeat contract is not published
 where we can read it. What this mimics is what the tutorial shows and what
 healthchecks.io-style services do: ``GET /api/heartbeat/<token>`` answers 200
 and records a ping; any other path or method is also recorded and answered
-200, so the same server is a webhook receiver. Tests can make it fail (any
+200, so the same server is a webhook receiver. The body is ``ok``, as Slack's
+incoming webhooks answer: Alertmanager's Slack notifier (0.33 here; not 0.25)
+takes any other body, "OK" included, for a failed notification, logs "Notify for
+alerts failed" and sends the message again at the group's next interval. Tests can make it fail (any
 status, optionally with ``Retry-After``, e.g. 429 or 503) or hang (answer
 only after a delay) for all requests or for the next N, or go down (stop
 listening: connections are refused, as when the service or the network to
@@ -136,7 +139,7 @@ def _handler(fake: FakeVigilmon) -> type[BaseHTTPRequestHandler]:
                     self.send_header("Retry-After", behaviour.retry_after)
                 self.send_header("Content-Length", "2")
                 self.end_headers()
-                self.wfile.write(b"OK")
+                self.wfile.write(b"ok")
             except OSError:
                 pass  # the client gave up waiting (a hang past its timeout)
 

@@ -380,6 +380,7 @@ def test_the_failure_pages_with_its_cause_and_nothing_else(
             wait_until(lambda name=name: "suppressed" in stack.alertmanager_states(name),
                        timeout=10, interval=0.2, what=f"{name} inhibited in Alertmanager")
         watch_quietly(stack, case.quiet)
+        assert_every_notification_delivered(stack)
 
         paged = stack.paged()
         assert set(paged) == set(case.pages), (paged.keys(), stack.job.log.read_text()[-3000:])
@@ -429,6 +430,7 @@ def test_a_healthy_run_pages_nobody(tmp_path: Path, release: str) -> None:
         plan_for_every_rank(stack)  # the end
         assert stack.job.proc.wait(timeout=120) == 0, stack.job.log.read_text()[-3000:]
         watch_quietly(stack, case.quiet)
+        assert_every_notification_delivered(stack)
         assert stack.pages() == [], [a["labels"] for n in stack.pages() for a in n.alerts]
         unquiet = [a["labels"] for a in stack.prometheus.api("/api/v1/alerts")["alerts"]
                    if a["labels"]["alertname"] != "Watchdog"]
@@ -450,6 +452,15 @@ def rank_memory(case: Case) -> AbstractContextManager[Path | None]:
     if case.fault != "oom_kill":
         return nullcontext(None)
     return limited_memory_cgroup(256 * 2**20)
+
+
+def assert_every_notification_delivered(stack: Stack) -> None:
+    """Alertmanager logged no failed notification: a template that does not render, a
+    receiver's answer it refuses (and would send again a group interval later, a
+    second page) all end in this line, on every version."""
+    failed = [line for line in (stack.tmp / "alertmanager.log").read_text().splitlines()
+              if "Notify for alerts failed" in line]
+    assert failed == [], failed
 
 
 def watch_quietly(stack: Stack, seconds: float) -> None:
