@@ -23,10 +23,13 @@ fi
 # tests that hold the rules, the routing and the NHCB conversion to both: Debian
 # testing's packages, unpacked into .tools/prometheus3 (not installed, so that the
 # Prometheus on PATH stays bookworm's). Go binaries that need only libc.
+is_prometheus3() {  # no pipe into grep -q: under pipefail, an early exit reads as failure
+  case "$("$1" --version 2>/dev/null || true)" in *"version 3."*) return 0 ;; esac
+  return 1
+}
 fetch_prometheus3() {
   local dest=.tools/prometheus3 apt_dir suite
-  [ -x "$dest/usr/bin/prometheus" ] && "$dest/usr/bin/prometheus" --version 2>/dev/null \
-    | grep -q "version 3\." && return 0
+  is_prometheus3 "$dest/usr/bin/prometheus" && return 0
   command -v apt-get >/dev/null || { echo "install-dev: no apt-get for Prometheus 3" >&2; return 0; }
   apt_dir=$(mktemp -d)
   for suite in testing unstable; do
@@ -40,9 +43,7 @@ fetch_prometheus3() {
               prometheus-alertmanager >/dev/null 2>&1); then
       rm -rf "$dest" && mkdir -p "$dest"
       for deb in "$apt_dir"/*.deb; do dpkg-deb -x "$deb" "$dest"; done
-      if "$dest/usr/bin/prometheus" --version 2>/dev/null | grep -q "version 3\."; then
-        break
-      fi
+      is_prometheus3 "$dest/usr/bin/prometheus" && break
     fi
     rm -f "$apt_dir"/*.deb
   done
