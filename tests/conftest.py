@@ -60,12 +60,15 @@ def require_prometheus3(name: str) -> str:
 RELEASES = ("bookworm", "current")
 
 
+def release_binary(release: str, name: str) -> str:
+    """``name`` (prometheus, promtool, prometheus-alertmanager, amtool) of ``release``."""
+    assert release in RELEASES, release
+    return require_binary(name) if release == "bookworm" else require_prometheus3(name)
+
+
 def stack_binaries(release: str) -> tuple[str, str]:
     """(prometheus, prometheus-alertmanager) of ``release`` (RELEASES)."""
-    if release == "bookworm":
-        return require_binary("prometheus"), require_binary("prometheus-alertmanager")
-    assert release == "current", release
-    return require_prometheus3("prometheus"), require_prometheus3("prometheus-alertmanager")
+    return release_binary(release, "prometheus"), release_binary(release, "prometheus-alertmanager")
 
 
 def is_root() -> bool:

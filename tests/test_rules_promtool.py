@@ -13,7 +13,7 @@ import yaml
 from colossalai_exporter import catalogue
 from colossalai_exporter.rulesgen import rules
 from colossalai_exporter.rulesgen.names import metric_names, template_queries
-from conftest import REPO, require_binary, require_prometheus3
+from conftest import RELEASES, REPO, release_binary
 
 RULES_DIR = REPO / "rules"
 RULE_FILES = sorted(RULES_DIR.glob("*.rules.yml"))
@@ -31,13 +31,9 @@ def _rules() -> list[dict[str, Any]]:
 # Each promtool check runs on bookworm's 2.42 and on Prometheus 3, whose ranges leave
 # out their first instant (a 1m range over 1m samples holds one) and whose label
 # names may be any UTF-8: the shipped rules must mean the same on both.
-PROMTOOLS = ["2", "3"]
-
-
-def _promtool(*args: str, major: str = "2") -> subprocess.CompletedProcess[str]:
-    binary = require_binary("promtool") if major == "2" else require_prometheus3("promtool")
-    return subprocess.run([binary, *args], capture_output=True, text=True,
-                          timeout=60, check=False, cwd=REPO)
+def _promtool(*args: str, release: str = "bookworm") -> subprocess.CompletedProcess[str]:
+    return subprocess.run([release_binary(release, "promtool"), *args], capture_output=True,
+                          text=True, timeout=60, check=False, cwd=REPO)
 
 
 def test_rule_files_exist() -> None:
@@ -46,24 +42,24 @@ def test_rule_files_exist() -> None:
         for n in ("training", "node", "chat", "chat-engines", "pipeline"))
 
 
-@pytest.mark.parametrize("major", PROMTOOLS)
-def test_promtool_check_rules_is_clean(tmp_path: Path, major: str) -> None:
+@pytest.mark.parametrize("release", RELEASES)
+def test_promtool_check_rules_is_clean(tmp_path: Path, release: str) -> None:
     # the PrometheusRule's spec is a rule file too
     spec = tmp_path / "prometheusrule-spec.yml"
     spec.write_text(yaml.safe_dump(yaml.safe_load(K8S.read_text())["spec"]))
-    result = _promtool("check", "rules", *map(str, RULE_FILES), str(spec), major=major)
+    result = _promtool("check", "rules", *map(str, RULE_FILES), str(spec), release=release)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
 
 
-@pytest.mark.parametrize("major", PROMTOOLS)
-def test_promtool_unit_tests_pass(major: str) -> None:
-    result = _promtool("test", "rules", *map(str, TEST_FILES), major=major)
+@pytest.mark.parametrize("release", RELEASES)
+def test_promtool_unit_tests_pass(release: str) -> None:
+    result = _promtool("test", "rules", *map(str, TEST_FILES), release=release)
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_prometheus3_promtool_is_version_3() -> None:
-    version = _promtool("--version", major="3")
+    version = _promtool("--version", release="current")
     assert re.match(r"promtool, version 3\.", version.stdout), version.stdout
 
 
