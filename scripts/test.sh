@@ -15,4 +15,8 @@ python tools/metrics_docs.py --check
 python -m colossalai_exporter rules --check
 python -m colossalai_exporter dashboards --check
 echo "== pytest"
-python -m pytest "$@"
+# Two workers: the suite mostly waits on real processes (Prometheus evaluating, a job
+# training, a pager's observation window), so two at once take about half the time on
+# the 2-core CI machine. loadgroup keeps the tests that share one expensive fixture
+# (an xdist_group mark) on one worker. `-n 0` after it runs everything in one process.
+python -m pytest -n 2 --dist loadgroup "$@"

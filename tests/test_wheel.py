@@ -21,6 +21,8 @@ import yaml
 from conftest import ServerProcess, free_port, http_get, require_binary, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
+# One wheel, built once from the source tree, serves every test here: one xdist worker.
+pytestmark = pytest.mark.xdist_group("wheel")
 
 
 @pytest.fixture(scope="module")

@@ -77,7 +77,8 @@ from test_bridge_e2e import TOKEN, BridgeProcess, write_config
 from test_demo import Demo
 from test_infiniband import port as ib_port
 
-pytestmark = pytest.mark.slow
+# One stack (a 105 s setup) serves every test here: under xdist they stay on one worker.
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("alert-path")]
 
 INTERVAL = 5.0  # Prometheus' scrape and evaluation interval: the issue's goal is stated for 5 s
 STEP_BUDGET = 5.0  # the demo's fixed step budget (--step-timeout)

@@ -337,11 +337,14 @@ def started_failing(stack: Stack, case: Case) -> float:
 
 @pytest.fixture(scope="module", autouse=True)
 def failures_table(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    wants_docs = os.environ.get("COLOSSALAI_FAULTS_DOCS") == "1"
+    if wants_docs and os.environ.get("PYTEST_XDIST_WORKER"):
+        pytest.fail("COLOSSALAI_FAULTS_DOCS=1 needs every case in one process: "
+                    "add -n 0 (each xdist worker sees only its own cases)")
     yield
     if not ROWS:
         return
-    write_docs = os.environ.get("COLOSSALAI_FAULTS_DOCS") == "1" and \
-        len(ROWS) == len(CASES) + len(RELEASES)  # and the healthy runs
+    write_docs = wants_docs and len(ROWS) == len(CASES) + len(RELEASES)  # and the healthy runs
     out = REPO / "docs" / "failures.md" if write_docs else \
         tmp_path_factory.mktemp("faults-table") / "failures.md"
     out.write_text(render_table(ROWS))
