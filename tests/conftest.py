@@ -26,6 +26,32 @@ SOURCE_ROOT = REPO / "exporter"
 IN_CI = os.environ.get("CI", "").lower() in ("1", "true", "yes")
 
 
+#: On a test that pytest-xdist was asked to keep in a group and did not (see below).
+UNGROUPED = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's own, which tags the grouped tests
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``--dist loadgroup`` (scripts/test.sh), a test marked ``xdist_group`` must
+    carry its group in its node id, which is how pytest-xdist keeps the group on one
+    worker. Where it does not, the group's expensive fixture (the alert path's stack)
+    would run once a worker, silently; such a test fails instead, before its fixtures
+    run, saying why (pytest 9.2 is such a pytest: pytest-dev/pytest-xdist#1386)."""
+    if not config.getoption("loadgroup", default=False):
+        return
+    for item in items:
+        if item.get_closest_marker("xdist_group") and "@" not in item.nodeid:
+            item.stash[UNGROUPED] = (
+                f"--dist loadgroup does not group on pytest {pytest.__version__} "
+                "(pytest-dev/pytest-xdist#1386): pin pytest lower, or run with -n 0")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if UNGROUPED in item.stash:
+        pytest.fail(item.stash[UNGROUPED], pytrace=False)
+
+
 def require(condition: bool, what: str) -> None:
     """Skip when a prerequisite is missing, except under CI=true, where it fails."""
     if condition:
