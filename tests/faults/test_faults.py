@@ -115,6 +115,15 @@ CASES = [
          {"rank": "2", "cause": "outside_collective", "activity": "compute"},
          ("in inject_in_step while 3 other rank(s) wait in backward",),
          muted=("TrainingStalled",), ranks=4),
+    # Two nodes, each with its own agent: the culprit and the ranks waiting for it are
+    # judged from different agents' series, and the page must name the other node's rank.
+    Case("frozen-compute-2-nodes", "two nodes (two launchers, two node agents, 2 ranks "
+         "each); rank 3, on node 1, frozen in compute; ranks 0-2 wait in backward's "
+         "all-reduce", "frozen_compute", 3, ("TrainingHangSuspect",),
+         {"rank": "3", "cause": "outside_collective", "activity": "compute",
+          "instance": "<node 1's agent>"},
+         ("is the rank the others wait for", "in inject_in_step while 3 other rank(s) wait "
+          "in backward"), muted=("TrainingStalled",), nodes=2, release="current"),
     Case("data-stuck", "rank 1's data loader blocks (a read that never returns)",
          "data_stuck", 1, ("TrainingHangSuspect",),
          {"rank": "1", "cause": "outside_collective", "activity": "data"},
