@@ -19,7 +19,7 @@ from colossalai_exporter.node.exits import ExitJudge
 from colossalai_exporter.node.oom import KernelLog
 from colossalai_exporter.node.ranks import RanksCollector
 from colossalai_exporter.rankstate.files import read_snapshot, snapshot_path
-from colossalai_exporter.rankstate.schema import Snapshot
+from colossalai_exporter.rankstate.schema import Activity, Interruption, Snapshot
 from colossalai_exporter.training.errors import error_record, is_peer_failure
 from colossalai_exporter.training.state import STEP_BUCKETS
 from conftest import cli_env, wait_until
@@ -322,6 +322,66 @@ def test_a_rank_in_another_pid_namespace_is_not_matched_by_pid(tmp_path: Path) -
     exits = ExitJudge(KernelLog(str(log), boot_time=0.0), clock=lambda: 2500.0)
     verdicts = exits.scrape([], [snapshot(4242)], lambda snap: False)
     assert verdicts[1].reason == "killed" and "another PID namespace" in verdicts[1].detail
+
+
+# -- after a hang: the rank the others waited for, and the ranks that waited
+
+IN_COMPUTE = Activity(kind="compute", frame="train.py:285 in step")
+IN_BACKWARD = Activity(kind="backward", frame="torch/autograd/__init__.py:347 in backward")
+
+
+def hung_at(at: float, activity: Activity | None, **fields: object) -> Snapshot:
+    """A rank whose last step was at 1000 s (budget 60 s), written at ``at``."""
+    snap = snapshot(4242, activity=activity, **fields)
+    snap.written = at
+    return snap
+
+
+@pytest.mark.parametrize(("activity", "at", "reason"), [
+    (IN_COMPUTE, 1075.0, "hung"),  # stalled outside any collective: the culprit
+    (IN_BACKWARD, 1075.0, "interrupted"),  # stalled, but waiting for the culprit
+    (IN_COMPUTE, 1030.0, "interrupted"),  # within its budget: a preemption mid-step
+    (None, 1075.0, "interrupted"),  # not known where it was: not known to be the culprit
+])
+def test_a_signal_that_ends_a_hung_rank_is_not_a_preemption(
+        activity: Activity | None, at: float, reason: str) -> None:
+    snap = hung_at(at, activity, interruption=Interruption(signal="SIGTERM", time=at))
+    verdict = ExitJudge(None).scrape([], [snap], lambda snap: True)[1]
+    assert verdict.reason == reason
+    if reason == "hung":
+        assert verdict.detail == (
+            "it made no step for 75s (budget 60s), in compute at train.py:285 in step, "
+            "outside any collective: the rank the others waited for; then it received "
+            "SIGTERM (torchrun stopping it once another rank ended, or the scheduler)")
+    else:
+        assert verdict.detail == "received SIGTERM"
+
+
+@pytest.mark.parametrize(("activity", "at", "reason", "detail"), [
+    # NCCL's watchdog ends a rank whose collective passed the timeout: SIGABRT, no error
+    (IN_BACKWARD, 1610.0, "peer_failed",
+     "it made no step for 610s (budget 60s), waiting in backward, then vanished with no "
+     "error recorded: the process group's watchdog (NCCL's, past its timeout) ends a rank "
+     "whose collective does not complete"),
+    (IN_COMPUTE, 1610.0, "hung",
+     "it made no step for 610s (budget 60s), in compute at train.py:285 in step, outside "
+     "any collective: the rank the others waited for; then its process vanished with no "
+     "error and no signal recorded (SIGKILL after the hang, or a crash)"),
+    (IN_BACKWARD, 1030.0, "killed", None),  # within its budget: killed while it trained
+])
+def test_a_rank_gone_without_a_word_after_a_hang(
+        activity: Activity, at: float, reason: str, detail: str | None) -> None:
+    verdict = ExitJudge(None).scrape([], [hung_at(at, activity)], lambda snap: True)[1]
+    assert verdict.reason == reason
+    assert detail is None or verdict.detail == detail
+
+
+def test_an_oom_kill_after_a_hang_is_still_the_oom_kill(tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    log.write_text(OOM_RECORDS.format(pid=4242))  # at 2000 s
+    exits = ExitJudge(KernelLog(str(log), boot_time=0.0), clock=lambda: 2500.0)
+    verdict = exits.scrape([], [hung_at(1610.0, IN_COMPUTE)], lambda snap: True)[1]
+    assert verdict.reason == "oom_killed"
 
 
 @pytest.mark.parametrize(("error", "peer"), [

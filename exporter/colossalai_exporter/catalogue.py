@@ -280,8 +280,11 @@ RANKS: tuple[Metric, ...] = (
        "snapshot is kept): reason finished, interrupted (it received SIGTERM or SIGINT: a "
        "preemption, a cancel, torchrun stopping it after another rank failed, Ctrl-C), "
        "oom_killed (the kernel's OOM killer), failed (an exception of its own), "
-       "peer_failed (an error saying another rank or the process group failed first) or "
-       "killed (gone with no error or signal recorded: SIGKILL, a native crash); detail: "
+       "peer_failed (an error saying another rank or the process group failed first, or "
+       "gone without a word while it waited in a collective past its budget: NCCL's "
+       "watchdog), hung (stalled outside any collective, then ended by a signal or gone: "
+       "the rank a hang waited for) or killed (gone with no error or signal recorded: "
+       "SIGKILL, a native crash); detail: "
        "the evidence in words (the signal, the error, the memory cgroup and RSS and "
        "whether the kernel log, the cgroup or /proc/vmstat told).",
        ("rank", "run", "reason", "detail"), component="ranks"),

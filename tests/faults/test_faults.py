@@ -74,6 +74,8 @@ class Case:
     pages: tuple[str, ...]  # alert names that must page, and nothing else
     labels: dict[str, str] = field(default_factory=dict)  # on the first of pages
     cause: tuple[str, ...] = ()  # texts the first page's description must hold
+    # texts a later page's description must hold, by its alert name
+    later: dict[str, tuple[str, ...]] = field(default_factory=dict)
     muted: tuple[str, ...] = ()  # alerts that must fire, but be inhibited
     trigger: str = "signal"  # signal | start (the fault happens at start-up by itself)
     target: str = "dir"  # checkpoint target: dir | full | file | fifo
@@ -110,6 +112,24 @@ CASES = [
          ("is not responding (process stopped: SIGSTOP or a debugger",
           "while 1 other rank(s) wait in backward"),
          muted=("TrainingStalled", "TrainingRankDown"), release="current"),
+    Case("hang-then-watchdog", "rank 1 frozen in compute; 20 s later NCCL's watchdog "
+         "(a stand-in: gloo has none) aborts rank 0, which waited in backward's "
+         "all-reduce, with no Python error; torchrun then stops rank 1 (SIGTERM)",
+         "hang_then_watchdog", 1, ("TrainingHangSuspect", "TrainingRankDown"),
+         {"rank": "1", "cause": "outside_collective", "activity": "compute"},
+         ("is the rank the others wait for", "in compute at train.py:"),
+         later={"TrainingRankDown": ("hung: it made no step for", "in compute at train.py:",
+                                     "then it received SIGTERM")},
+         muted=("TrainingStalled",), release="current"),
+    Case("hang-then-timeout", "rank 1 frozen in compute; the process group's 20 s timeout "
+         "(gloo's own) ends rank 0, which waited in backward's all-reduce; torchrun then "
+         "stops rank 1 (SIGTERM)",
+         "hang_then_timeout", 1, ("TrainingHangSuspect", "TrainingRankDown"),
+         {"rank": "1", "cause": "outside_collective", "activity": "compute"},
+         ("is the rank the others wait for", "in compute at train.py:"),
+         later={"TrainingRankDown": ("hung: it made no step for", "in compute at train.py:",
+                                     "then it received SIGTERM")},
+         muted=("TrainingStalled",)),
     Case("frozen-compute-4-ranks", "rank 2 of 4 frozen in compute; ranks 0, 1 and 3 wait "
          "in backward's all-reduce", "frozen_compute", 2, ("TrainingHangSuspect",),
          {"rank": "2", "cause": "outside_collective", "activity": "compute"},
@@ -254,6 +274,7 @@ class Row:
     description: str
     muted: list[str]
     watched: float  # seconds the pager was watched after the last expected event
+    later: list[str] = field(default_factory=list)  # "Alert: description" of later pages
 
 
 ROWS: list[Row] = []
@@ -393,18 +414,23 @@ def test_the_failure_pages_with_its_cause_and_nothing_else(
             wait_healthy(stack)
             fault_at = inject(stack, case, cgroup)
 
-        def all_paged() -> bool:
-            return set(case.pages) <= set(stack.paged())
+        def have_paged(names: tuple[str, ...]) -> bool:
+            return set(names) <= set(stack.paged())
 
-        wait_until(all_paged, timeout=case.deadline + 120 * (case.trigger == "start"),
-                   interval=0.2, what=f"{case.pages} paged (log: {stack.job.log})")
-        if case.trigger == "start":
-            fault_at = first_start if case.restarts else started_failing(stack, case)
+        timeout = case.deadline + 120 * (case.trigger == "start")
+        # The first page, then what it mutes (while the incident it names lasts: a hang
+        # that later ends the run resolves its alerts), then any later page.
+        wait_until(lambda: have_paged(case.pages[:1]), timeout=timeout, interval=0.2,
+                   what=f"{case.pages[:1]} paged (log: {stack.job.log})")
         for name in case.muted:  # fired in Prometheus, muted by Alertmanager
             wait_until(lambda name=name: stack.prometheus.alerts(name), timeout=PAGE_DEADLINE,
                        interval=0.2, what=f"{name} firing in Prometheus")
             wait_until(lambda name=name: "suppressed" in stack.alertmanager_states(name),
                        timeout=10, interval=0.2, what=f"{name} inhibited in Alertmanager")
+        wait_until(lambda: have_paged(case.pages), timeout=timeout, interval=0.2,
+                   what=f"{case.pages} paged (log: {stack.job.log})")
+        if case.trigger == "start":
+            fault_at = first_start if case.restarts else started_failing(stack, case)
         watched = max(case.quiet, fault_at + WATCHED_AFTER_FAILURE - now())
         watch_quietly(stack, watched)
         assert_every_notification_delivered(stack)
@@ -416,6 +442,8 @@ def test_the_failure_pages_with_its_cause_and_nothing_else(
             first_at, description = check_the_page(stack, case)
             row.seconds = first_at - fault_at
             row.description = description
+            row.later = [f"{name}: {alert['annotations']['description']}"
+                         for name in case.later for _, alert in paged[name][:1]]
             assert row.seconds < case.deadline, row.seconds
         ROWS.append(row)
 
@@ -542,6 +570,10 @@ def check_the_page(stack: Stack, case: Case) -> tuple[float, str]:
     bullet = next(line for line in text.splitlines() if line.startswith("• "))
     for text_ in case.cause:
         assert text_ in bullet, bullet
+    for name, texts in case.later.items():  # a later page tells the same incident's story
+        for _, alert in stack.paged()[name]:
+            for text_ in texts:
+                assert text_ in alert["annotations"]["description"], alert["annotations"]
     return first.at, description
 
 
@@ -581,7 +613,8 @@ def render_table(rows: list[Row]) -> str:
         "Alertmanager's group waits are 1 s. *Seconds* run from the failure (the signal,",
         "or for a start-up failure the moment the rank recorded it) to the first",
         "notification at the pager (the bridge's webhook receiver). *What the page says*",
-        "is that first notification's leading alert, as on-call reads it: the suite",
+        "is that first notification's leading alert, as on-call reads it (and, where the",
+        "incident goes on to end the run, the later page that says so: *Then*): the suite",
         "checks it names the alert, the rank (or node) where the incident began and why,",
         "and that its Slack title names the same rank and run; no page names another",
         "rank as a culprit. *Muted* alerts fired in Prometheus and were inhibited by",
@@ -600,7 +633,8 @@ def render_table(rows: list[Row]) -> str:
     for row in failures:
         lines.append(f"| {cell(row.case.failure)} | {release_versions(row.case.release)} | "
                      f"{', '.join(row.pages)} | {', '.join(row.muted) or '—'} | "
-                     f"{row.seconds:.1f} | {cell(row.description)} |")
+                     f"{row.seconds:.1f} | {cell(row.description)}"
+                     + "".join(f" *Then* {cell(text)}" for text in row.later) + " |")
     lines += [
         "",
         "## Healthy runs: pages (the goal is 0)",

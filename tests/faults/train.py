@@ -23,11 +23,26 @@ fakes a failure's text: the out-of-memory errors are the exception types and
 texts ColossalAI and torch raise (FACTS.md), the host allocation failure, the
 full disk, the checkpoint target that is a file, the kernel that does not load
 and the call that holds the GIL are real.
+
+Two failures run on past the hang, as a real job does once its process group's
+timeout passes. ``hang_then_timeout`` gives the process group the timeout a user
+passes to ``init_process_group`` (``PG_TIMEOUT`` seconds; ColossalAI's launch passes
+none, so torch's default is set before it), and gloo's own timeout ends the ranks that
+wait: a real error, raised in Python. ``hang_then_watchdog`` is what ProcessGroupNCCL
+does instead, which gloo cannot: its watchdog thread, finding a collective in flight
+past the timeout, logs "Watchdog caught collective operation timeout" and tears the
+process down from C++ (``TORCH_NCCL_ASYNC_ERROR_HANDLING``'s default): the rank dies
+by SIGABRT with no Python error. :func:`nccl_watchdog` stands in for that thread
+(the one stand-in here): it aborts a rank whose step has been in flight past the
+timeout, and does not run on the frozen rank, which froze in compute, before its
+backward's collective, so that NCCL's watchdog would have nothing in flight to time
+out there.
 """
 
 from __future__ import annotations
 
 import ctypes
+import datetime
 import os
 import signal
 import sys
@@ -48,6 +63,8 @@ FAULT_RANK = int(os.environ.get("FAULT_RANK", "1"))
 TOPOLOGY = os.environ.get("TOPOLOGY", "booster")
 CHECKPOINT_DIR = Path(os.environ["CHECKPOINT_DIR"])
 STEP_SECONDS = 0.05  # stands in for the real work of a step
+PG_TIMEOUT = float(os.environ.get("PG_TIMEOUT", "20"))  # the hang_then_* faults' timeout
+HANGS = ("frozen_compute", "hang_then_timeout", "hang_then_watchdog")
 CHECKPOINT_EVERY = int(os.environ.get("CHECKPOINT_EVERY", "50"))
 
 # torch.OutOfMemoryError's text as a Gemini run on an H200 raised it (FACTS.md).
@@ -137,9 +154,16 @@ def main() -> int:
         # same exception at each of torchrun's restarts, a crash loop.
         with open(CHECKPOINT_DIR / "data" / "shard-00017.bin", "rb") as shard:
             shard.read()
+    if FAULT == "hang_then_timeout":
+        # What init_process_group(timeout=...) sets; ColossalAI's launch passes none.
+        import torch.distributed.distributed_c10d as c10d
+
+        c10d.default_pg_timeout = datetime.timedelta(seconds=PG_TIMEOUT)
     colossalai.launch_from_torch(backend="gloo", verbose=False)
     rank = monitor.rank
     mine = rank == FAULT_RANK
+    if FAULT == "hang_then_watchdog" and not mine:
+        threading.Thread(target=nccl_watchdog, args=(rank,), daemon=True).start()
     torch.manual_seed(0)
     model: Any = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
                                      torch.nn.Linear(64, 1))
@@ -194,6 +218,7 @@ def main() -> int:
                     inject_in_step()
                 current.loss = step_fn(x)
                 time.sleep(step_seconds)
+            last_step_done[0] = time.monotonic()
         except (torch.OutOfMemoryError, RuntimeError) as exc:
             if FAULT not in ("oom_caught", "host_oom"):
                 raise
@@ -218,6 +243,22 @@ def main() -> int:
 
 
 hang_after_checkpoint = threading.Event()
+last_step_done: list[float | None] = [None]  # monotonic, once a step completed
+
+
+def nccl_watchdog(rank: int) -> None:
+    """ProcessGroupNCCL's watchdog, for ``hang_then_watchdog`` (module docstring): past
+    the timeout, its message on stderr, then the process torn down by SIGABRT."""
+    while True:
+        time.sleep(0.2)
+        done = last_step_done[0]
+        waited = 0.0 if done is None else time.monotonic() - done
+        if waited > PG_TIMEOUT:
+            print(f"[rank{rank}]:[E] [PG ID 0 PG GUID 0 Rank {rank}] Watchdog caught "
+                  f"collective operation timeout: WorkNCCL(OpType=ALLREDUCE, "
+                  f"Timeout(ms)={PG_TIMEOUT * 1000:.0f}) ran for {waited * 1000:.0f} "
+                  "milliseconds before timing out.", file=sys.stderr, flush=True)
+            os.abort()
 
 
 def save(booster: Any, model: Any, path: Path) -> None:
@@ -281,7 +322,7 @@ def inject_in_step() -> None:
         torch.empty(2**45, dtype=torch.uint8)  # 32 TiB: the CPU allocator refuses
     if FAULT == "straggler":
         time.sleep(0.25)  # every step, within the 5 s budget: a slower GPU, say
-    if FAULT == "frozen_compute":
+    if FAULT in HANGS:
         time.sleep(3600)  # a compute kernel that never returns, GIL released
     if FAULT == "gil_hang" or hang_after_checkpoint.is_set():
         ctypes.PyDLL(None).sleep(3600)  # a C call that holds the GIL: nothing runs

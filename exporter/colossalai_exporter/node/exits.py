@@ -23,9 +23,20 @@ gone at once), but in how each one ended:
     it raised an error that says another rank or the process group failed first
     (a peer's connection closed, a communicator aborted, a collective timed out):
     a consequence, never the cause.
+``hung``
+    it was stalled (no step within its budget) and outside any collective when it
+    received SIGTERM or SIGINT, or when it vanished without a word: the rank a hang
+    waited for, ended after the hang (torchrun stopping it once the process group's
+    timeout ended the ranks that waited, or a scheduler's time limit). The incident,
+    though a signal ended it.
 ``killed``
     it vanished with no error, no signal and no OOM kill recorded: SIGKILL from
     outside, a crash in native code, or an OOM kill no evidence could show.
+
+A rank that vanished without a word while it waited in a collective past its
+budget is ``peer_failed``: ProcessGroupNCCL's watchdog ends such a rank once its
+collective passes the process group's timeout (10 minutes by default), from C++,
+with SIGABRT and no Python error. It waited for the rank that hung.
 
 Each rank is judged once, when its process is first found gone, and the verdict
 is kept (a cgroup's OOM count compared later would blame it for another rank's
@@ -49,7 +60,8 @@ from colossalai_exporter.node.oom import (
     memory_cgroup,
     vmstat_oom_kills,
 )
-from colossalai_exporter.rankstate.schema import Snapshot
+from colossalai_exporter.rankstate.schema import WAITING, Snapshot
+from colossalai_exporter.rankstate.verdict import judge
 
 # An OOM kill in the kernel log counts for a rank only if logged after the rank's
 # process started (a pid is reused), with this much slack for the clocks' rounding.
@@ -158,7 +170,12 @@ class ExitJudge:
         if snap.phase == "finished":
             return Exit("finished")
         if snap.interruption is not None:
-            return Exit("interrupted", f"received {snap.interruption.signal}")
+            received = f"received {snap.interruption.signal}"
+            hang = _stalled_outside_collectives(snap, snap.interruption.time)
+            if hang:
+                return Exit("hung", f"{hang}; then it {received} (torchrun stopping it once "
+                                    "another rank ended, or the scheduler)")
+            return Exit("interrupted", received)
         kill = None if foreign else self._kills.get(snap.pid)
         if kill is not None and kill.time >= snap.created - CLOCK_SLACK_SECONDS:
             return Exit("oom_killed", f"{describe(kill)}; from the kernel log")
@@ -171,7 +188,20 @@ class ExitJudge:
         if foreign:
             return Exit("killed", "its state snapshot stopped, and its process is in another "
                                   "PID namespace than this agent's: killed, or frozen")
-        return self._fallback(snap)
+        fallback = self._fallback(snap)
+        if fallback.reason != "killed":
+            return fallback
+        hang = _stalled_outside_collectives(snap, snap.written)
+        if hang:
+            return Exit("hung", f"{hang}; then its process vanished with no error and no "
+                                "signal recorded (SIGKILL after the hang, or a crash)")
+        waited = _stalled_waiting(snap, snap.written)
+        if waited:
+            return Exit("peer_failed", f"{waited}, then vanished with no error recorded: "
+                                       "the process group's watchdog (NCCL's, past its "
+                                       "timeout) ends a rank whose collective does not "
+                                       "complete")
+        return fallback
 
     def _fallback(self, snap: Snapshot) -> Exit:
         """A rank gone without a word: an OOM kill its cgroup or the node counted, or not."""
@@ -200,3 +230,33 @@ class ExitJudge:
         return Exit("killed", "its process vanished with no error and no signal recorded: "
                               "SIGKILL from outside, a crash in native code, or an OOM kill "
                               f"nothing on this node could show{unreadable}")
+
+
+def _stall(snap: Snapshot, at: float) -> str:
+    """"it made no step for 21s (budget 5s)" when ``snap`` was stalled at ``at``, or ""."""
+    stalled, _ = judge(snap, at)
+    if not stalled:
+        return ""
+    what = "it made no step" if snap.phase == "training" else f"it stayed in phase {snap.phase}"
+    return f"{what} for {at - snap.progress:.0f}s (budget {snap.timeout:g}s)"
+
+
+def _stalled_outside_collectives(snap: Snapshot, at: float) -> str:
+    """How the rank was hung at ``at``: stalled, and not waiting for other ranks."""
+    stall = _stall(snap, at)
+    where = snap.activity  # None: not known where it was, so not known to be the culprit
+    if not stall or where is None or where.kind in WAITING:
+        return ""
+    place = f" at {where.frame}" if where.frame else ""
+    return (f"{stall}, in {where.kind}{place}, outside any collective: the rank the others "
+            "waited for")
+
+
+def _stalled_waiting(snap: Snapshot, at: float) -> str:
+    """How the rank waited at ``at``: stalled in a collective (or backward's), or ""."""
+    stall = _stall(snap, at)
+    where = snap.activity
+    if not stall or where is None or where.kind not in WAITING:
+        return ""
+    what = f" ({where.collective})" if where.collective else ""
+    return f"{stall}, waiting in {where.kind}{what}"

@@ -7,7 +7,10 @@ on its closed connections (``peer_failed``), torchrun sends them SIGTERM
 (``colossalai_rank_exit_info``, node/exits.py), so the rules page the rank that
 was killed, OOM-killed or failed of its own error, and not the ranks that
 followed, whatever order a scrape found them gone in. A run whose every rank
-ended by a signal was stopped (a preemption, a cancel, Ctrl-C): no page. A node
+ended by a signal was stopped (a preemption, a cancel, Ctrl-C): no page, unless the
+signal ended a rank that had hung (``hung``: stalled outside any collective), which is
+the incident the run died of: after a hang the process group's timeout ends the
+waiting ranks and torchrun the hung one. A node
 gone with its agent cannot say any of this: TrainingNodeLost names it from what
 Prometheus still sees.
 """
@@ -54,7 +57,8 @@ EXIT = "colossalai_rank_exit_info"
 # those that follow from another rank's end (or are no incident: finished, a signal).
 NOT_CAUSE_EXITS = label_is("reason", "finished", "interrupted", "peer_failed", "oom_killed")
 # Ends that explain a peer_failed rank: its run's trouble began there.
-EXPLAINING_EXITS = label_is("reason", "killed", "failed", "oom_killed", "interrupted")
+EXPLAINING_EXITS = label_is("reason", "killed", "failed", "oom_killed", "interrupted",
+                            "hung")
 OOM_KILLED = label_is("reason", "oom_killed")
 PEER_FAILED = label_is("reason", "peer_failed")
 FINISHED_EXIT = label_is("reason", "finished")
@@ -90,11 +94,13 @@ def _exits(node_agents: Selector, reasons: str) -> str:
 
 def killed_or_frozen(node_agents: Selector) -> Alert:
     """TrainingRankDown from the node agent's outside view: a rank killed, failed of its
-    own error, or frozen; not one that finished, was stopped by a signal, failed because
-    a peer did, or was OOM-killed (TrainingRankOOMKilled says more)."""
+    own error, hung then ended, or frozen; not one that finished, was stopped by a
+    signal, failed because a peer did, or was OOM-killed (TrainingRankOOMKilled says
+    more)."""
     how = with_first(
         EXIT, RANK,
         '{{ if eq .Labels.reason "failed" }}died of its own error: {{ .Labels.detail }}'
+        '{{ else if eq .Labels.reason "hung" }}hung: {{ .Labels.detail }}'
         "{{ else }}was killed: {{ .Labels.detail }}{{ end }}",
         otherwise=("is not responding: its process is alive but has published nothing for "
                    f"{snapshot_age()} (frozen in a C call holding the GIL, or stopped)"))
@@ -138,8 +144,8 @@ def died_of_a_peer(node_agents: Selector) -> Alert:
         "TrainingRankDown",
         f"{_exits(node_agents, PEER_FAILED)}\nunless on (run)\n{block(any_cause)}",
         "critical", RANK_DOWN_SUMMARY,
-        fill("Rank [[$rank]][[of_run]] on [[$instance]] died of an error saying another "
-             "rank or the process group failed first ([[detail]]), and no rank of this "
+        fill("Rank [[$rank]][[of_run]] on [[$instance]] ended because another rank or "
+             "the process group failed first ([[detail]]), and no rank of this "
              "run is known to have ended before it: look for a rank on a node without a "
              "node agent, or at the network between the nodes.[[reach]]",
              detail=_exit_detail(), reach=_down_in_run()),
