@@ -376,6 +376,38 @@ def test_a_rank_gone_without_a_word_after_a_hang(
     assert detail is None or verdict.detail == detail
 
 
+GLOO_TIMEOUT = RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] "
+                            "Timed out waiting 15000ms for recv operation to complete")
+
+
+@pytest.mark.parametrize(("error", "error_at", "activity", "reason"), [
+    # rank 0 timed out waiting for it, then it was stopped: the rank rank 0 waited for
+    (GLOO_TIMEOUT, 1015.0, IN_COMPUTE, "hung"),
+    # a peer's closed connection is also what a preemption's staggered SIGTERMs cause
+    (RuntimeError("Connection closed by peer [10.0.0.2]:8089"), 1015.0, IN_COMPUTE,
+     "interrupted"),
+    (GLOO_TIMEOUT, 1015.0, IN_BACKWARD, "interrupted"),  # it waited too
+    (GLOO_TIMEOUT, 1017.0, IN_COMPUTE, "interrupted"),  # the timeout came after its signal
+])
+def test_a_rank_stopped_after_the_others_timed_out_waiting(
+        error: Exception, error_at: float, activity: Activity, reason: str) -> None:
+    """A process group timeout shorter than the step budget: the waiting rank's collective
+    times out before the hung rank counts as stalled, and torchrun then stops it."""
+    waited = snapshot(10, rank=0, phase="failed",
+                      last_error=error_record(error, "step", None, error_at))
+    stopped = hung_at(1016.0, activity, interruption=Interruption(signal="SIGTERM", time=1016.0))
+    verdicts = ExitJudge(None).scrape([], [waited, stopped], lambda snap: True)
+    assert verdicts[0].reason == "peer_failed"
+    assert verdicts[1].reason == reason
+    if reason == "hung":
+        assert verdicts[1].detail == (
+            "it was in compute at train.py:285 in step, outside any collective, when rank 0 "
+            "timed out waiting for a peer in a collective (RuntimeError: [../third_party/"
+            "gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 15000ms for "
+            "recv operation to complete): the rank the others waited for; then it received "
+            "SIGTERM (torchrun stopping it once another rank ended, or the scheduler)")
+
+
 def test_an_oom_kill_after_a_hang_is_still_the_oom_kill(tmp_path: Path) -> None:
     log = tmp_path / "kmsg"
     log.write_text(OOM_RECORDS.format(pid=4242))  # at 2000 s

@@ -130,6 +130,14 @@ CASES = [
          later={"TrainingRankDown": ("hung: it made no step for", "in compute at train.py:",
                                      "then it received SIGTERM")},
          muted=("TrainingStalled",)),
+    Case("hang-then-short-timeout", "rank 1 frozen in compute; the process group's 15 s "
+         "timeout (gloo's own), shorter than the 40 s step budget, ends rank 0 before rank 1 "
+         "counts as stalled; torchrun then stops rank 1 (SIGTERM)",
+         "hang_then_short_timeout", 1, ("TrainingRankDown",),
+         {"rank": "1", "cause": "process"},
+         ("hung: it was in compute at train.py:", "outside any collective, when rank 0 "
+          "timed out waiting for a peer in a collective", "then it received SIGTERM"),
+         release="current"),
     Case("frozen-compute-4-ranks", "rank 2 of 4 frozen in compute; ranks 0, 1 and 3 wait "
          "in backward's all-reduce", "frozen_compute", 2, ("TrainingHangSuspect",),
          {"rank": "2", "cause": "outside_collective", "activity": "compute"},

@@ -24,19 +24,20 @@ texts ColossalAI and torch raise (FACTS.md), the host allocation failure, the
 full disk, the checkpoint target that is a file, the kernel that does not load
 and the call that holds the GIL are real.
 
-Two failures run on past the hang, as a real job does once its process group's
+Three failures run on past the hang, as a real job does once its process group's
 timeout passes. ``hang_then_timeout`` gives the process group the timeout a user
 passes to ``init_process_group`` (``PG_TIMEOUT`` seconds; ColossalAI's launch passes
 none, so torch's default is set before it), and gloo's own timeout ends the ranks that
-wait: a real error, raised in Python. ``hang_then_watchdog`` is what ProcessGroupNCCL
-does instead, which gloo cannot: its watchdog thread, finding a collective in flight
-past the timeout, logs "Watchdog caught collective operation timeout" and tears the
-process down from C++ (``TORCH_NCCL_ASYNC_ERROR_HANDLING``'s default): the rank dies
-by SIGABRT with no Python error. :func:`nccl_watchdog` stands in for that thread
-(the one stand-in here): it aborts a rank whose step has been in flight past the
-timeout, and does not run on the frozen rank, which froze in compute, before its
-backward's collective, so that NCCL's watchdog would have nothing in flight to time
-out there.
+wait: a real error, raised in Python; ``hang_then_short_timeout`` is the same with a
+timeout shorter than the step budget, as a job of long steps has.
+``hang_then_watchdog`` is what ProcessGroupNCCL does instead, which gloo cannot: its
+watchdog thread, finding a collective in flight past the timeout, logs "Watchdog
+caught collective operation timeout" and tears the process down from C++
+(``TORCH_NCCL_ASYNC_ERROR_HANDLING``'s default): the rank dies by SIGABRT with no
+Python error. :func:`nccl_watchdog` stands in for that thread (the one stand-in
+here): it aborts a rank whose step has been in flight past the timeout, and does not
+run on the frozen rank, which froze in compute, before its backward's collective, so
+that NCCL's watchdog would have nothing in flight to time out there.
 """
 
 from __future__ import annotations
@@ -63,8 +64,11 @@ FAULT_RANK = int(os.environ.get("FAULT_RANK", "1"))
 TOPOLOGY = os.environ.get("TOPOLOGY", "booster")
 CHECKPOINT_DIR = Path(os.environ["CHECKPOINT_DIR"])
 STEP_SECONDS = 0.05  # stands in for the real work of a step
-PG_TIMEOUT = float(os.environ.get("PG_TIMEOUT", "20"))  # the hang_then_* faults' timeout
-HANGS = ("frozen_compute", "hang_then_timeout", "hang_then_watchdog")
+# The hang_then_* faults' process group timeout: past the step budget, so the hang pages
+# first; hang_then_short_timeout's is within its budget (40 s, below), so the run dies
+# before the rank counts as stalled.
+PG_TIMEOUT = 15.0 if FAULT == "hang_then_short_timeout" else 20.0
+HANGS = ("frozen_compute", "hang_then_timeout", "hang_then_short_timeout", "hang_then_watchdog")
 CHECKPOINT_EVERY = int(os.environ.get("CHECKPOINT_EVERY", "50"))
 
 # torch.OutOfMemoryError's text as a Gemini run on an H200 raised it (FACTS.md).
@@ -141,7 +145,7 @@ def slow_kernel_loader() -> Any:
 # (its 4 ranks, agent and Prometheus restarts, on two cores): a starved CPU held a step
 # of its rank 0 for 10 s once, with two suites on the machine. Its budget leaves room
 # for that; its checkpoint's (5 s, against a 3 s checkpoint) is the point of the case.
-STEP_BUDGET = 20.0 if FAULT == "lifecycle" else 5.0
+STEP_BUDGET = {"lifecycle": 20.0, "hang_then_short_timeout": 40.0}.get(FAULT, 5.0)
 
 
 def main() -> int:
@@ -154,7 +158,7 @@ def main() -> int:
         # same exception at each of torchrun's restarts, a crash loop.
         with open(CHECKPOINT_DIR / "data" / "shard-00017.bin", "rb") as shard:
             shard.read()
-    if FAULT == "hang_then_timeout":
+    if FAULT in ("hang_then_timeout", "hang_then_short_timeout"):
         # What init_process_group(timeout=...) sets; ColossalAI's launch passes none.
         import torch.distributed.distributed_c10d as c10d
 

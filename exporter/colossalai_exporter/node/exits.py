@@ -27,8 +27,11 @@ gone at once), but in how each one ended:
     it was stalled (no step within its budget) and outside any collective when it
     received SIGTERM or SIGINT, or when it vanished without a word: the rank a hang
     waited for, ended after the hang (torchrun stopping it once the process group's
-    timeout ended the ranks that waited, or a scheduler's time limit). The incident,
-    though a signal ended it.
+    timeout ended the ranks that waited, or a scheduler's time limit). Also a rank
+    signalled while outside any collective after a rank of its run on this node timed
+    out waiting in one: the process group's timeout was shorter than the step budget,
+    so the run died before the hung rank counted as stalled. The incident, though a
+    signal ended it.
 ``killed``
     it vanished with no error, no signal and no OOM kill recorded: SIGKILL from
     outside, a crash in native code, or an OOM kill no evidence could show.
@@ -46,6 +49,7 @@ and the counts then) is only gathered when the kernel log cannot be read.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -124,7 +128,8 @@ class ExitJudge:
         names no process here (nothing is looked up or matched by it)."""
         self._poll_kernel_log()
         gone = list(gone)
-        exits = {snap.rank: self._judge(snap, not pids_mean_something(snap)) for snap in gone}
+        exits = {snap.rank: self._judge(snap, not pids_mean_something(snap), gone)
+                 for snap in gone}
         self._note_alive([s for s in alive if pids_mean_something(s)])
         keep = {self._key(s) for s in gone}
         self._verdicts = {k: v for k, v in self._verdicts.items() if k in keep}
@@ -159,19 +164,20 @@ class ExitJudge:
                                        node_kills)
         self._baselines = baselines
 
-    def _judge(self, snap: Snapshot, foreign: bool) -> Exit:
+    def _judge(self, snap: Snapshot, foreign: bool, gone: list[Snapshot]) -> Exit:
         key = self._key(snap)
         verdict = self._verdicts.get(key)
         if verdict is None:
-            verdict = self._verdicts[key] = self._first_judgement(snap, foreign)
+            verdict = self._verdicts[key] = self._first_judgement(snap, foreign, gone)
         return verdict
 
-    def _first_judgement(self, snap: Snapshot, foreign: bool) -> Exit:
+    def _first_judgement(self, snap: Snapshot, foreign: bool, gone: list[Snapshot]) -> Exit:
         if snap.phase == "finished":
             return Exit("finished")
         if snap.interruption is not None:
             received = f"received {snap.interruption.signal}"
-            hang = _stalled_outside_collectives(snap, snap.interruption.time)
+            at = snap.interruption.time
+            hang = _stalled_outside_collectives(snap, at) or _waited_for(snap, at, gone)
             if hang:
                 return Exit("hung", f"{hang}; then it {received} (torchrun stopping it once "
                                     "another rank ended, or the scheduler)")
@@ -250,6 +256,37 @@ def _stalled_outside_collectives(snap: Snapshot, at: float) -> str:
     place = f" at {where.frame}" if where.frame else ""
     return (f"{stall}, in {where.kind}{place}, outside any collective: the rank the others "
             "waited for")
+
+
+# A collective that timed out: gloo's own error, ProcessGroupNCCL's watchdog's. Unlike a
+# peer's closed connection (which a preemption's staggered SIGTERMs also cause), it means
+# the rank waited the process group's whole timeout for a peer that never came.
+_COLLECTIVE_TIMEOUT = re.compile(
+    r"timed out waiting \d+ ?ms for (?:recv|send)|collective operation timeout", re.IGNORECASE)
+
+
+def _waited_for(snap: Snapshot, at: float, gone: list[Snapshot]) -> str:
+    """How ``snap`` was the rank the others waited for, when signalled at ``at``: outside
+    any collective, after a rank of its run (on this node) timed out waiting in one.
+
+    What a hang looks like when the process group's timeout is shorter than the step
+    budget: the waiting ranks' collective times out before the hung rank counts as
+    stalled, and torchrun then stops the hung rank."""
+    where = snap.activity
+    if where is None or where.kind in WAITING:
+        return ""
+    run = snap.info.get("run")
+    for other in gone:
+        error = other.last_error
+        if other is snap or other.info.get("run") != run or error is None \
+                or not snap.created <= error.time <= at \
+                or not _COLLECTIVE_TIMEOUT.search(error.message):
+            continue
+        place = f" at {where.frame}" if where.frame else ""
+        return (f"it was in {where.kind}{place}, outside any collective, when rank "
+                f"{other.rank} timed out waiting for a peer in a collective ({error.type}: "
+                f"{error.message}): the rank the others waited for")
+    return ""
 
 
 def _stalled_waiting(snap: Snapshot, at: float) -> str:
