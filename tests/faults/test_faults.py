@@ -112,7 +112,7 @@ CASES = [
          ("is not responding (process stopped: SIGSTOP or a debugger",
           "while 1 other rank(s) wait in backward"),
          muted=("TrainingStalled", "TrainingRankDown"), release="current"),
-    Case("hang-then-watchdog", "rank 1 frozen in compute; 20 s later NCCL's watchdog "
+    Case("hang-then-watchdog", "rank 1 frozen in compute; 30 s later NCCL's watchdog "
          "(a stand-in: gloo has none) aborts rank 0, which waited in backward's "
          "all-reduce, with no Python error; torchrun then stops rank 1 (SIGTERM)",
          "hang_then_watchdog", 1, ("TrainingHangSuspect", "TrainingRankDown"),
@@ -121,7 +121,7 @@ CASES = [
          later={"TrainingRankDown": ("hung: it made no step for", "in compute at train.py:",
                                      "then it received SIGTERM")},
          muted=("TrainingStalled",), release="current"),
-    Case("hang-then-timeout", "rank 1 frozen in compute; the process group's 20 s timeout "
+    Case("hang-then-timeout", "rank 1 frozen in compute; the process group's 30 s timeout "
          "(gloo's own) ends rank 0, which waited in backward's all-reduce; torchrun then "
          "stops rank 1 (SIGTERM)",
          "hang_then_timeout", 1, ("TrainingHangSuspect", "TrainingRankDown"),
