@@ -49,7 +49,6 @@ and the counts then) is only gathered when the kernel log cannot be read.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -65,7 +64,7 @@ from colossalai_exporter.node.oom import (
     vmstat_oom_kills,
 )
 from colossalai_exporter.rankstate.schema import WAITING, Snapshot
-from colossalai_exporter.rankstate.verdict import judge
+from colossalai_exporter.rankstate.verdict import judge, timed_out_in_collective
 
 # An OOM kill in the kernel log counts for a rank only if logged after the rank's
 # process started (a pid is reused), with this much slack for the clocks' rounding.
@@ -247,22 +246,22 @@ def _stall(snap: Snapshot, at: float) -> str:
     return f"{what} for {at - snap.progress:.0f}s (budget {snap.timeout:g}s)"
 
 
+def _outside_collectives(snap: Snapshot) -> str:
+    """"in compute at train.py:285 in step" when the rank was outside any collective when
+    last written, or "" (waiting for other ranks, or not known where: then not known to
+    be the rank the others waited for)."""
+    where = snap.activity
+    if where is None or where.kind in WAITING:
+        return ""
+    return f"in {where.kind}" + (f" at {where.frame}" if where.frame else "")
+
+
 def _stalled_outside_collectives(snap: Snapshot, at: float) -> str:
     """How the rank was hung at ``at``: stalled, and not waiting for other ranks."""
-    stall = _stall(snap, at)
-    where = snap.activity  # None: not known where it was, so not known to be the culprit
-    if not stall or where is None or where.kind in WAITING:
+    stall, place = _stall(snap, at), _outside_collectives(snap)
+    if not stall or not place:
         return ""
-    place = f" at {where.frame}" if where.frame else ""
-    return (f"{stall}, in {where.kind}{place}, outside any collective: the rank the others "
-            "waited for")
-
-
-# A collective that timed out: gloo's own error, ProcessGroupNCCL's watchdog's. Unlike a
-# peer's closed connection (which a preemption's staggered SIGTERMs also cause), it means
-# the rank waited the process group's whole timeout for a peer that never came.
-_COLLECTIVE_TIMEOUT = re.compile(
-    r"timed out waiting \d+ ?ms for (?:recv|send)|collective operation timeout", re.IGNORECASE)
+    return f"{stall}, {place}, outside any collective: the rank the others waited for"
 
 
 def _waited_for(snap: Snapshot, at: float, gone: list[Snapshot]) -> str:
@@ -272,20 +271,18 @@ def _waited_for(snap: Snapshot, at: float, gone: list[Snapshot]) -> str:
     What a hang looks like when the process group's timeout is shorter than the step
     budget: the waiting ranks' collective times out before the hung rank counts as
     stalled, and torchrun then stops the hung rank."""
-    where = snap.activity
-    if where is None or where.kind in WAITING:
+    place = _outside_collectives(snap)
+    if not place:
         return ""
     run = snap.info.get("run")
     for other in gone:
         error = other.last_error
         if other is snap or other.info.get("run") != run or error is None \
-                or not snap.created <= error.time <= at \
-                or not _COLLECTIVE_TIMEOUT.search(error.message):
+                or not snap.created <= error.time <= at or not timed_out_in_collective(error):
             continue
-        place = f" at {where.frame}" if where.frame else ""
-        return (f"it was in {where.kind}{place}, outside any collective, when rank "
-                f"{other.rank} timed out waiting for a peer in a collective ({error.type}: "
-                f"{error.message}): the rank the others waited for")
+        return (f"it was {place}, outside any collective, when rank {other.rank} timed out "
+                f"waiting for a peer in a collective ({error.type}: {error.message}): the "
+                "rank the others waited for")
     return ""
 
 

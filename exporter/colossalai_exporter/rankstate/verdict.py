@@ -6,7 +6,20 @@ rank wrote minutes ago, reaches the verdict the rank itself cannot.
 
 from __future__ import annotations
 
-from colossalai_exporter.rankstate.schema import HEALTHY_PHASES, Snapshot
+import re
+from typing import Final
+
+from colossalai_exporter.rankstate.schema import HEALTHY_PHASES, LastError, Snapshot
+
+#: A collective that timed out, as the backends say it: gloo's own error and
+#: ProcessGroupNCCL's watchdog's. Unlike a peer's closed connection (which a
+#: preemption's staggered signals also cause), the rank waited the process group's
+#: whole timeout for a peer that never came: a peer that hung.
+COLLECTIVE_TIMEOUT: Final = (
+    r"timed out waiting \d+ ?ms for (?:recv|send)",
+    r"watchdog caught collective operation timeout",
+)
+_COLLECTIVE_TIMEOUT = re.compile("|".join(COLLECTIVE_TIMEOUT), re.IGNORECASE)
 
 
 def judge(snap: Snapshot, now: float) -> tuple[bool, str]:
@@ -31,6 +44,11 @@ def judge(snap: Snapshot, now: float) -> tuple[bool, str]:
     if not snap.kernels_ready:
         return False, "kernels not ready"
     return False, ""
+
+
+def timed_out_in_collective(error: LastError) -> bool:
+    """Whether ``error`` is a collective that timed out waiting for a peer."""
+    return _COLLECTIVE_TIMEOUT.search(error.message) is not None
 
 
 def healthy(snap: Snapshot) -> bool:

@@ -22,6 +22,7 @@ import threading
 from typing import Final
 
 from colossalai_exporter.rankstate.schema import Device, LastError
+from colossalai_exporter.rankstate.verdict import COLLECTIVE_TIMEOUT
 
 MESSAGE_LIMIT: Final = 240
 #: where an exception was seen: a step, a checkpoint, a kernel load or build, booster.boost,
@@ -64,9 +65,8 @@ _PEER_FAILURE = re.compile(
         r"connection (?:closed|reset) by peer",
         r"broken pipe",
         r"application timeout caused pair closure",
-        r"timed out waiting \d+ ?ms for (?:recv|send)",  # gloo: the peer never came
+        *COLLECTIVE_TIMEOUT,  # gloo's, NCCL's watchdog's: the peer never came
         r"communicator was aborted",
-        r"watchdog caught collective operation timeout",
         r"remote process exited or there was a network error",
         r"some nccl operations have failed or timed out",
         r"failed to recv, got 0 bytes",
