@@ -93,6 +93,19 @@ class Case:
     release: str = "bookworm"
 
 
+# A hang that goes on to end the run (the process group's timeout), in the form NCCL's
+# watchdog gives it; the same incident through gloo's own timeout is a variant of it.
+HANG_THEN_WATCHDOG = Case(
+    "hang-then-watchdog", "rank 1 frozen in compute; 30 s later NCCL's watchdog (a "
+    "stand-in: gloo has none) aborts rank 0, which waited in backward's all-reduce, with no "
+    "Python error; torchrun then stops rank 1 (SIGTERM)",
+    "hang_then_watchdog", 1, ("TrainingHangSuspect", "TrainingRankDown"),
+    {"rank": "1", "cause": "outside_collective", "activity": "compute"},
+    ("is the rank the others wait for", "in compute at train.py:"),
+    later={"TrainingRankDown": ("hung: it made no step for", "in compute at train.py:",
+                                "then it received SIGTERM")},
+    muted=("TrainingStalled",), release="current")
+
 CASES = [
     Case("frozen-compute", "rank 1 frozen in compute (GIL released); rank 0 waits in "
          "backward's all-reduce", "frozen_compute", 1, ("TrainingHangSuspect",),
@@ -112,24 +125,11 @@ CASES = [
          ("is not responding (process stopped: SIGSTOP or a debugger",
           "while 1 other rank(s) wait in backward"),
          muted=("TrainingStalled", "TrainingRankDown"), release="current"),
-    Case("hang-then-watchdog", "rank 1 frozen in compute; 30 s later NCCL's watchdog "
-         "(a stand-in: gloo has none) aborts rank 0, which waited in backward's "
-         "all-reduce, with no Python error; torchrun then stops rank 1 (SIGTERM)",
-         "hang_then_watchdog", 1, ("TrainingHangSuspect", "TrainingRankDown"),
-         {"rank": "1", "cause": "outside_collective", "activity": "compute"},
-         ("is the rank the others wait for", "in compute at train.py:"),
-         later={"TrainingRankDown": ("hung: it made no step for", "in compute at train.py:",
-                                     "then it received SIGTERM")},
-         muted=("TrainingStalled",), release="current"),
-    Case("hang-then-timeout", "rank 1 frozen in compute; the process group's 30 s timeout "
-         "(gloo's own) ends rank 0, which waited in backward's all-reduce; torchrun then "
-         "stops rank 1 (SIGTERM)",
-         "hang_then_timeout", 1, ("TrainingHangSuspect", "TrainingRankDown"),
-         {"rank": "1", "cause": "outside_collective", "activity": "compute"},
-         ("is the rank the others wait for", "in compute at train.py:"),
-         later={"TrainingRankDown": ("hung: it made no step for", "in compute at train.py:",
-                                     "then it received SIGTERM")},
-         muted=("TrainingStalled",)),
+    HANG_THEN_WATCHDOG,
+    replace(HANG_THEN_WATCHDOG, name="hang-then-timeout", fault="hang_then_timeout",
+            failure="rank 1 frozen in compute; the process group's 30 s timeout (gloo's own) "
+            "ends rank 0, which waited in backward's all-reduce; torchrun then stops rank 1 "
+            "(SIGTERM)", release="bookworm"),
     Case("hang-then-short-timeout", "rank 1 frozen in compute; the process group's 15 s "
          "timeout (gloo's own), shorter than the 40 s step budget, ends rank 0 before rank 1 "
          "counts as stalled; torchrun then stops rank 1 (SIGTERM)",
