@@ -19,7 +19,12 @@ from colossalai_exporter.node.exits import ExitJudge
 from colossalai_exporter.node.oom import KernelLog
 from colossalai_exporter.node.ranks import RanksCollector
 from colossalai_exporter.rankstate.files import read_snapshot, snapshot_path
-from colossalai_exporter.rankstate.schema import Activity, Interruption, Snapshot
+from colossalai_exporter.rankstate.schema import (
+    Activity,
+    GroupProgress,
+    Interruption,
+    Snapshot,
+)
 from colossalai_exporter.training.errors import error_record, is_peer_failure
 from colossalai_exporter.training.state import STEP_BUCKETS
 from conftest import cli_env, wait_until
@@ -327,53 +332,97 @@ def test_a_rank_in_another_pid_namespace_is_not_matched_by_pid(tmp_path: Path) -
 # -- after a hang: the rank the others waited for, and the ranks that waited
 
 IN_COMPUTE = Activity(kind="compute", frame="train.py:285 in step")
-IN_BACKWARD = Activity(kind="backward", frame="torch/autograd/__init__.py:347 in backward")
+IN_BACKWARD = Activity(kind="backward", frame="__init__.py:347 in backward")
+# Where a rank that waits for an NCCL collective blocks: a CUDA sync in its own code.
+IN_SYNC = Activity(kind="compute", frame="train.py:290 in step")
 
 
-def hung_at(at: float, activity: Activity | None, **fields: object) -> Snapshot:
-    """A rank whose last step was at 1000 s (budget 60 s), written at ``at``."""
-    snap = snapshot(4242, activity=activity, **fields)
+def hung_at(at: float, activity: Activity | None, pid: int = 4242, rank: int = 1,
+            **fields: object) -> Snapshot:
+    """A rank whose last step was at 1000 s (budget 60 s), written at ``at``; stalled
+    (the writer's verdict) from 1060 s on."""
+    snap = snapshot(pid, rank=rank, activity=activity, stalled=at > 1060.0, **fields)
     snap.written = at
     return snap
 
 
-@pytest.mark.parametrize(("activity", "at", "reason"), [
-    (IN_COMPUTE, 1075.0, "hung"),  # stalled outside any collective: the culprit
-    (IN_BACKWARD, 1075.0, "interrupted"),  # stalled, but waiting for the culprit
-    (IN_COMPUTE, 1030.0, "interrupted"),  # within its budget: a preemption mid-step
-    (None, 1075.0, "interrupted"),  # not known where it was: not known to be the culprit
+def waiter(at: float = 1075.0, activity: Activity = IN_BACKWARD, **fields: object) -> Snapshot:
+    """Rank 0, waiting for rank 1 (still alive, as last written at ``at``)."""
+    return hung_at(at, activity, pid=10, rank=0, **fields)
+
+
+def stopped(activity: Activity | None, at: float = 1075.0, **fields: object) -> Snapshot:
+    """Rank 1, stopped by SIGTERM at ``at``."""
+    return hung_at(at, activity, interruption=Interruption(signal="SIGTERM", time=at),
+                   **fields)
+
+
+def verdicts(*gone: Snapshot, alive: tuple[Snapshot, ...] = ()) -> dict[int, tuple]:
+    return judge(ExitJudge(None), list(alive), list(gone))
+
+
+def test_a_signal_that_ends_the_rank_a_hang_waited_for_is_not_a_preemption() -> None:
+    assert verdicts(stopped(IN_COMPUTE), alive=(waiter(),))[1] == ("hung", (
+        "it made no step for 75s (budget 60s), in compute at train.py:285 in step, outside "
+        "any collective, while rank 0 waited in backward at __init__.py:347 in backward: "
+        "the rank the others waited for; then it received SIGTERM (torchrun stopping it "
+        "once another rank ended, or the scheduler)"))
+
+
+@pytest.mark.parametrize(("rank1", "rank0"), [
+    (stopped(IN_BACKWARD), waiter()),  # stalled, but waiting like the other
+    (stopped(IN_COMPUTE, at=1030.0), waiter(at=1030.0)),  # within its budget: mid-step
+    (stopped(None), waiter()),  # not known where it was
+    (stopped(IN_COMPUTE), waiter(at=1050.0)),  # rank 0 seen waiting, but not stalled
+    # Both in a CUDA sync, as ranks that wait for NCCL are: no rank to name
+    (stopped(IN_SYNC), waiter(activity=IN_SYNC)),
 ])
-def test_a_signal_that_ends_a_hung_rank_is_not_a_preemption(
-        activity: Activity | None, at: float, reason: str) -> None:
-    snap = hung_at(at, activity, interruption=Interruption(signal="SIGTERM", time=at))
-    verdict = ExitJudge(None).scrape([], [snap], lambda snap: True)[1]
-    assert verdict.reason == reason
-    if reason == "hung":
-        assert verdict.detail == (
-            "it made no step for 75s (budget 60s), in compute at train.py:285 in step, "
-            "outside any collective: the rank the others waited for; then it received "
-            "SIGTERM (torchrun stopping it once another rank ended, or the scheduler)")
-    else:
-        assert verdict.detail == "received SIGTERM"
+def test_a_signal_after_a_hang_without_evidence_from_another_rank_is_a_stop(
+        rank1: Snapshot, rank0: Snapshot) -> None:
+    assert verdicts(rank1, alive=(rank0,))[1] == ("interrupted", "received SIGTERM")
 
 
-@pytest.mark.parametrize(("activity", "at", "reason", "detail"), [
-    # NCCL's watchdog ends a rank whose collective passed the timeout: SIGABRT, no error
-    (IN_BACKWARD, 1610.0, "peer_failed",
-     "it made no step for 610s (budget 60s), waiting in backward, then vanished with no "
-     "error recorded: the process group's watchdog (NCCL's, past its timeout) ends a rank "
-     "whose collective does not complete"),
-    (IN_COMPUTE, 1610.0, "hung",
-     "it made no step for 610s (budget 60s), in compute at train.py:285 in step, outside "
-     "any collective: the rank the others waited for; then its process vanished with no "
-     "error and no signal recorded (SIGKILL after the hang, or a crash)"),
-    (IN_BACKWARD, 1030.0, "killed", None),  # within its budget: killed while it trained
+def progress(pg: str, enqueued: int) -> list[GroupProgress]:
+    return [GroupProgress(pg=pg, ranks="0-1", enqueued=enqueued)]
+
+
+def test_on_a_gpu_the_flight_recorder_names_the_rank_behind() -> None:
+    """NCCL's ranks all sample as compute (a CUDA sync); the flight recorder tells."""
+    rank0 = waiter(activity=IN_SYNC, collectives=progress("0", 12))
+    rank1 = stopped(IN_SYNC, collectives=progress("0", 11))
+    assert verdicts(rank1, alive=(rank0,))[1] == ("hung", (
+        "it made no step for 75s (budget 60s), in compute at train.py:290 in step, behind "
+        "the others (rank 0 is at collective 12 of process group 0, this rank at 11): the "
+        "rank the others waited for; then it received SIGTERM (torchrun stopping it once "
+        "another rank ended, or the scheduler)"))
+    # ... and rank 0, ended by NCCL's watchdog (no error), waited for it
+    assert verdicts(rank0, rank1)[0] == ("peer_failed", (
+        "it made no step for 75s (budget 60s), in compute at train.py:290 in step, ahead of "
+        "rank 1 (rank 0 is at collective 12 of process group 0, this rank at 11), then "
+        "vanished with no error recorded: the process group's watchdog (NCCL's, past its "
+        "timeout) ends a rank whose collective does not complete"))
+
+
+def test_a_rank_gone_without_a_word_while_it_waited_past_its_budget() -> None:
+    """ProcessGroupNCCL's watchdog ends a rank whose collective passed the timeout:
+    SIGABRT, no Python error. It waited for rank 1."""
+    assert verdicts(waiter(at=1610.0), alive=(stopped(IN_COMPUTE, at=1600.0),))[0] == (
+        "peer_failed",
+        "it made no step for 610s (budget 60s), waiting in backward at __init__.py:347 in "
+        "backward, then vanished with no error recorded: the process group's watchdog "
+        "(NCCL's, past its timeout) ends a rank whose collective does not complete")
+
+
+@pytest.mark.parametrize(("rank1", "others", "reason"), [
+    # stalled outside any collective while rank 0 waited: the hang, then a SIGKILL
+    (hung_at(1610.0, IN_COMPUTE), (waiter(at=1600.0),), "hung"),
+    (hung_at(1610.0, IN_COMPUTE), (), "killed"),  # no other rank to say it hung
+    (hung_at(1030.0, IN_BACKWARD), (), "killed"),  # within its budget: killed mid-step
+    (hung_at(1610.0, IN_SYNC), (waiter(at=1600.0, activity=IN_SYNC),), "killed"),
 ])
 def test_a_rank_gone_without_a_word_after_a_hang(
-        activity: Activity, at: float, reason: str, detail: str | None) -> None:
-    verdict = ExitJudge(None).scrape([], [hung_at(at, activity)], lambda snap: True)[1]
-    assert verdict.reason == reason
-    assert detail is None or verdict.detail == detail
+        rank1: Snapshot, others: tuple[Snapshot, ...], reason: str) -> None:
+    assert verdicts(rank1, alive=others)[1][0] == reason
 
 
 GLOO_TIMEOUT = RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] "
@@ -393,14 +442,13 @@ def test_a_rank_stopped_after_the_others_timed_out_waiting(
         error: Exception, error_at: float, activity: Activity, reason: str) -> None:
     """A process group timeout shorter than the step budget: the waiting rank's collective
     times out before the hung rank counts as stalled, and torchrun then stops it."""
-    waited = snapshot(10, rank=0, phase="failed",
-                      last_error=error_record(error, "step", None, error_at))
-    stopped = hung_at(1016.0, activity, interruption=Interruption(signal="SIGTERM", time=1016.0))
-    verdicts = ExitJudge(None).scrape([], [waited, stopped], lambda snap: True)
-    assert verdicts[0].reason == "peer_failed"
-    assert verdicts[1].reason == reason
+    timed_out = snapshot(10, rank=0, phase="failed",
+                         last_error=error_record(error, "step", None, error_at))
+    found = verdicts(timed_out, stopped(activity, at=1016.0))
+    assert found[0][0] == "peer_failed"
+    assert found[1][0] == reason
     if reason == "hung":
-        assert verdicts[1].detail == (
+        assert found[1][1] == (
             "it was in compute at train.py:285 in step, outside any collective, when rank 0 "
             "timed out waiting for a peer in a collective (RuntimeError: [../third_party/"
             "gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 15000ms for "
@@ -412,7 +460,8 @@ def test_an_oom_kill_after_a_hang_is_still_the_oom_kill(tmp_path: Path) -> None:
     log = tmp_path / "kmsg"
     log.write_text(OOM_RECORDS.format(pid=4242))  # at 2000 s
     exits = ExitJudge(KernelLog(str(log), boot_time=0.0), clock=lambda: 2500.0)
-    verdict = exits.scrape([], [hung_at(1610.0, IN_COMPUTE)], lambda snap: True)[1]
+    rank1 = hung_at(1610.0, IN_COMPUTE)
+    verdict = exits.scrape([waiter(at=1600.0)], [rank1], lambda snap: True)[1]
     assert verdict.reason == "oom_killed"
 
 

@@ -24,20 +24,25 @@ gone at once), but in how each one ended:
     (a peer's connection closed, a communicator aborted, a collective timed out):
     a consequence, never the cause.
 ``hung``
-    it was stalled (no step within its budget) and outside any collective when it
-    received SIGTERM or SIGINT, or when it vanished without a word: the rank a hang
-    waited for, ended after the hang (torchrun stopping it once the process group's
-    timeout ended the ranks that waited, or a scheduler's time limit). Also a rank
-    signalled while outside any collective after a rank of its run on this node timed
-    out waiting in one: the process group's timeout was shorter than the step budget,
-    so the run died before the hung rank counted as stalled. The incident, though a
-    signal ended it.
+    it was stalled (no step within its budget) when it received SIGTERM or SIGINT, or
+    when it vanished without a word, and another rank of its run on this node shows it
+    was the rank they waited for: the flight recorder has it behind that rank in a
+    process group, or it was outside any collective while that rank, stalled, waited in
+    one. The rank a hang waited for, ended after the hang (torchrun stopping it once
+    the process group's timeout ended the ranks that waited, or a scheduler's time
+    limit). Evidence from another rank, because on a GPU a rank that waits for NCCL
+    blocks in a CUDA sync of its own code, which samples as compute just as the hung
+    rank's does. Also a rank signalled while outside any collective after a rank of its
+    run on this node timed out waiting in one (gloo's error): the process group's
+    timeout was shorter than the step budget, so the run died before the hung rank
+    counted as stalled. The incident, though a signal ended it.
 ``killed``
     it vanished with no error, no signal and no OOM kill recorded: SIGKILL from
     outside, a crash in native code, or an OOM kill no evidence could show.
 
 A rank that vanished without a word while it waited in a collective past its
-budget is ``peer_failed``: ProcessGroupNCCL's watchdog ends such a rank once its
+budget (seen waiting, or ahead of another rank in the flight recorder) is
+``peer_failed``: ProcessGroupNCCL's watchdog ends such a rank once its
 collective passes the process group's timeout (10 minutes by default), from C++,
 with SIGABRT and no Python error. It waited for the rank that hung.
 
@@ -126,8 +131,9 @@ class ExitJudge:
         ``pids_mean_something``: False for a rank in another PID namespace, whose pid
         names no process here (nothing is looked up or matched by it)."""
         self._poll_kernel_log()
-        gone = list(gone)
-        exits = {snap.rank: self._judge(snap, not pids_mean_something(snap), gone)
+        alive, gone = list(alive), list(gone)
+        everyone = [*alive, *gone]
+        exits = {snap.rank: self._judge(snap, not pids_mean_something(snap), everyone)
                  for snap in gone}
         self._note_alive([s for s in alive if pids_mean_something(s)])
         keep = {self._key(s) for s in gone}
@@ -163,20 +169,23 @@ class ExitJudge:
                                        node_kills)
         self._baselines = baselines
 
-    def _judge(self, snap: Snapshot, foreign: bool, gone: list[Snapshot]) -> Exit:
+    def _judge(self, snap: Snapshot, foreign: bool, everyone: list[Snapshot]) -> Exit:
         key = self._key(snap)
         verdict = self._verdicts.get(key)
         if verdict is None:
-            verdict = self._verdicts[key] = self._first_judgement(snap, foreign, gone)
+            run = snap.info.get("run")
+            peers = [s for s in everyone if s is not snap and s.info.get("run") == run]
+            verdict = self._verdicts[key] = self._first_judgement(snap, foreign, peers)
         return verdict
 
-    def _first_judgement(self, snap: Snapshot, foreign: bool, gone: list[Snapshot]) -> Exit:
+    def _first_judgement(self, snap: Snapshot, foreign: bool, peers: list[Snapshot]) -> Exit:
+        """``peers``: the other ranks of its run on this node, alive or gone, as last seen."""
         if snap.phase == "finished":
             return Exit("finished")
         if snap.interruption is not None:
             received = f"received {snap.interruption.signal}"
             at = snap.interruption.time
-            hang = _stalled_outside_collectives(snap, at) or _waited_for(snap, at, gone)
+            hang = _hung(snap, at, peers) or _waited_for(snap, at, peers)
             if hang:
                 return Exit("hung", f"{hang}; then it {received} (torchrun stopping it once "
                                     "another rank ended, or the scheduler)")
@@ -196,11 +205,11 @@ class ExitJudge:
         fallback = self._fallback(snap)
         if fallback.reason != "killed":
             return fallback
-        hang = _stalled_outside_collectives(snap, snap.written)
+        hang = _hung(snap, snap.written, peers)
         if hang:
             return Exit("hung", f"{hang}; then its process vanished with no error and no "
                                 "signal recorded (SIGKILL after the hang, or a crash)")
-        waited = _stalled_waiting(snap, snap.written)
+        waited = _stalled_waiting(snap, snap.written, peers)
         if waited:
             return Exit("peer_failed", f"{waited}, then vanished with no error recorded: "
                                        "the process group's watchdog (NCCL's, past its "
@@ -246,51 +255,96 @@ def _stall(snap: Snapshot, at: float) -> str:
     return f"{what} for {at - snap.progress:.0f}s (budget {snap.timeout:g}s)"
 
 
-def _outside_collectives(snap: Snapshot) -> str:
-    """"in compute at train.py:285 in step" when the rank was outside any collective when
-    last written, or "" (waiting for other ranks, or not known where: then not known to
-    be the rank the others waited for)."""
+def _where(snap: Snapshot) -> str:
+    """"in compute at train.py:285 in step": where the rank's training thread was."""
     where = snap.activity
-    if where is None or where.kind in WAITING:
-        return ""
+    if where is None:
+        return "somewhere not known"
     return f"in {where.kind}" + (f" at {where.frame}" if where.frame else "")
 
 
-def _stalled_outside_collectives(snap: Snapshot, at: float) -> str:
-    """How the rank was hung at ``at``: stalled, and not waiting for other ranks."""
-    stall, place = _stall(snap, at), _outside_collectives(snap)
-    if not stall or not place:
+def _waits(snap: Snapshot) -> bool:
+    """Whether the rank was seen waiting for others (in a collective, or backward's)."""
+    return snap.activity is not None and snap.activity.kind in WAITING
+
+
+def _behind(snap: Snapshot, other: Snapshot) -> str:
+    """"rank 0 is at collective 12 of process group 0, this rank at 11" when the flight
+    recorder (recorded while stalled) shows ``snap`` behind ``other`` in a group both
+    are in, or ""."""
+    theirs = {g.pg: g.enqueued for g in other.collectives or ()}
+    for group in snap.collectives or ():
+        ahead = theirs.get(group.pg)
+        if ahead is not None and group.enqueued < ahead:
+            return (f"rank {other.rank} is at collective {ahead} of process group "
+                    f"{group.pg}, this rank at {group.enqueued}")
+    return ""
+
+
+def _the_one_waited_for(snap: Snapshot, peers: list[Snapshot]) -> str:
+    """Why ``snap`` is the rank its run's other ranks on this node waited for, or "".
+
+    Evidence from another rank, not from ``snap`` alone: on a GPU, NCCL's collectives
+    return at once and a rank that waits for them blocks later, in a CUDA sync in its
+    own code (``loss.item()``), which samples as compute just as the hung rank's does.
+    So either the flight recorder shows ``snap`` behind another rank in a process
+    group, or ``snap`` was outside any collective while another stalled rank was seen
+    waiting in one."""
+    for other in peers:
+        behind = _behind(snap, other)
+        if behind:
+            return f"{_where(snap)}, behind the others ({behind})"
+    if snap.activity is None or _waits(snap):
         return ""
-    return f"{stall}, {place}, outside any collective: the rank the others waited for"
+    for other in peers:
+        if other.stalled and _waits(other):
+            return (f"{_where(snap)}, outside any collective, while rank {other.rank} "
+                    f"waited {_where(other)}")
+    return ""
 
 
-def _waited_for(snap: Snapshot, at: float, gone: list[Snapshot]) -> str:
+def _hung(snap: Snapshot, at: float, peers: list[Snapshot]) -> str:
+    """How the rank hung, as of ``at``: stalled, and the one the others waited for."""
+    stall = _stall(snap, at)
+    evidence = _the_one_waited_for(snap, peers) if stall else ""
+    if not evidence:
+        return ""
+    return f"{stall}, {evidence}: the rank the others waited for"
+
+
+def _waited_for(snap: Snapshot, at: float, peers: list[Snapshot]) -> str:
     """How ``snap`` was the rank the others waited for, when signalled at ``at``: outside
     any collective, after a rank of its run (on this node) timed out waiting in one.
 
     What a hang looks like when the process group's timeout is shorter than the step
     budget: the waiting ranks' collective times out before the hung rank counts as
-    stalled, and torchrun then stops the hung rank."""
-    place = _outside_collectives(snap)
-    if not place:
+    stalled, and torchrun then stops the hung rank. The timeout is a Python error only
+    where the backend raises one (gloo; NCCL in blocking-wait mode), and there a rank
+    that waits is seen waiting."""
+    if snap.activity is None or _waits(snap):
         return ""
-    run = snap.info.get("run")
-    for other in gone:
+    for other in peers:
         error = other.last_error
-        if other is snap or other.info.get("run") != run or error is None \
-                or not snap.created <= error.time <= at or not timed_out_in_collective(error):
+        if error is None or not snap.created <= error.time <= at \
+                or not timed_out_in_collective(error):
             continue
-        return (f"it was {place}, outside any collective, when rank {other.rank} timed out "
-                f"waiting for a peer in a collective ({error.type}: {error.message}): the "
-                "rank the others waited for")
+        stall = _stall(snap, at)
+        return (f"{stall + ', ' if stall else 'it was '}{_where(snap)}, outside any "
+                f"collective, when rank {other.rank} timed out waiting for a peer in a "
+                f"collective ({error.type}: {error.message}): the rank the others waited for")
     return ""
 
 
-def _stalled_waiting(snap: Snapshot, at: float) -> str:
-    """How the rank waited at ``at``: stalled in a collective (or backward's), or ""."""
+def _stalled_waiting(snap: Snapshot, at: float, peers: list[Snapshot]) -> str:
+    """How the rank waited, as of ``at``: stalled, and seen waiting in a collective (or
+    backward's), or ahead of another rank in the flight recorder; or ""."""
     stall = _stall(snap, at)
-    where = snap.activity
-    if not stall or where is None or where.kind not in WAITING:
+    if not stall:
         return ""
-    what = f" ({where.collective})" if where.collective else ""
-    return f"{stall}, waiting in {where.kind}{what}"
+    if _waits(snap):
+        return f"{stall}, waiting {_where(snap)}"
+    for other in peers:
+        behind = _behind(other, snap)
+        if behind:
+            return f"{stall}, {_where(snap)}, ahead of rank {other.rank} ({behind})"
+    return ""
