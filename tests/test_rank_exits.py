@@ -403,6 +403,21 @@ def test_on_a_gpu_the_flight_recorder_names_the_rank_behind() -> None:
         "timeout) ends a rank whose collective does not complete"))
 
 
+def test_a_rank_behind_only_because_it_waits_in_another_group_is_not_the_one() -> None:
+    """Pairs of groups then a global one: rank 2 waits in its pair for rank 3, so it is
+    behind ranks 0 and 1 in the global group, and ahead of rank 3 in the pair."""
+    def rank(number: int, pair: int, world: int, at: float = 1075.0) -> Snapshot:
+        return hung_at(at, IN_SYNC, pid=20 + number, rank=number,
+                       collectives=[GroupProgress(pg="0", enqueued=world),
+                                    GroupProgress(pg=str(1 + number // 2), enqueued=pair)],
+                       interruption=Interruption(signal="SIGTERM", time=at))
+    rank0, rank2, rank3 = rank(0, 6, 12), rank(2, 6, 11), rank(3, 5, 11)
+    found = verdicts(rank0, rank2, rank3)
+    assert found[0] == found[2] == ("interrupted", "received SIGTERM")
+    assert found[3][0] == "hung"
+    assert "behind the others (rank 0 is at collective 12 of process group 0" in found[3][1]
+
+
 def test_a_rank_gone_without_a_word_while_it_waited_past_its_budget() -> None:
     """ProcessGroupNCCL's watchdog ends a rank whose collective passed the timeout:
     SIGABRT, no Python error. It waited for rank 1."""

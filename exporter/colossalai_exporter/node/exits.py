@@ -288,12 +288,14 @@ def _the_one_waited_for(snap: Snapshot, peers: list[Snapshot]) -> str:
     return at once and a rank that waits for them blocks later, in a CUDA sync in its
     own code (``loss.item()``), which samples as compute just as the hung rank's does.
     So either the flight recorder shows ``snap`` behind another rank in a process
-    group, or ``snap`` was outside any collective while another stalled rank was seen
-    waiting in one."""
-    for other in peers:
-        behind = _behind(snap, other)
-        if behind:
-            return f"{_where(snap)}, behind the others ({behind})"
+    group and ahead of none (a rank behind in one group only because it waits in
+    another, as in pairs of groups, waited too), or ``snap`` was outside any collective
+    while another stalled rank was seen waiting in one."""
+    if not any(_behind(other, snap) for other in peers):
+        for other in peers:
+            behind = _behind(snap, other)
+            if behind:
+                return f"{_where(snap)}, behind the others ({behind})"
     if snap.activity is None or _waits(snap):
         return ""
     for other in peers:
