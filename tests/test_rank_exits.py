@@ -256,6 +256,35 @@ def test_the_kernel_log_names_the_victim(tmp_path: Path) -> None:
     assert verdicts[0][0] == "killed"  # no record of its pid
 
 
+@pytest.mark.parametrize("message", [
+    "DataLoader worker (pid 4250) is killed by signal: Killed. ",
+    "DataLoader worker (pid(s) 4251, 4250) exited unexpectedly",
+])
+def test_a_dataloader_worker_the_oom_killer_ended_is_the_ranks_oom_kill(
+        tmp_path: Path, message: str) -> None:
+    log = tmp_path / "kmsg"
+    log.write_text(OOM_RECORDS.format(pid=4250))  # the worker's pid, at 2000 s
+    exits = ExitJudge(KernelLog(str(log), boot_time=0.0), clock=lambda: 2500.0)
+    error = error_record(RuntimeError(message), "run", None, 2001.0)
+    failed = snapshot(4242, phase="failed", last_error=error)
+    reason, detail = judge(exits, [], [failed])[1]
+    assert reason == "oom_killed"
+    assert detail == ("in its DataLoader worker, pid 4250: memory cgroup /slurm_job_4242 at "
+                      "its limit, anon-rss 99.5 MiB; from the kernel log; the rank then raised "
+                      f"RuntimeError: {message.strip()}")
+
+
+def test_a_dataloader_worker_that_died_otherwise_is_the_ranks_own_error(
+        tmp_path: Path) -> None:
+    log = tmp_path / "kmsg"
+    log.write_text(OOM_RECORDS.format(pid=4999))  # another process's kill
+    exits = ExitJudge(KernelLog(str(log), boot_time=0.0), clock=lambda: 2500.0)
+    error = error_record(RuntimeError("DataLoader worker (pid 4250) is killed by signal: "
+                                      "Segmentation fault. "), "run", None, 2001.0)
+    assert judge(exits, [], [snapshot(4242, phase="failed", last_error=error)])[1][0] == \
+        "failed"
+
+
 def test_a_kill_logged_before_the_process_started_is_another_process(tmp_path: Path) -> None:
     log = tmp_path / "kmsg"
     log.write_text(OOM_RECORDS.format(pid=4242))  # at 2000 s

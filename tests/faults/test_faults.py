@@ -171,6 +171,16 @@ CASES = [
          "256 MiB memory cgroup, allocating)", "oom_kill", 1, ("TrainingRankOOMKilled",),
          {"rank": "1"}, ("was killed by the kernel's OOM killer (memory cgroup "
                          "/colossalai-faults-", "from the kernel log)"), release="current"),
+    # The most common host-memory death of a rank: its DataLoader worker OOM-killed, the
+    # rank then raising "DataLoader worker (pid N) is killed by signal: Killed." The page
+    # must say the OOM killer, not "died of its own error".
+    Case("oom-kill-dataloader-worker", "rank 1's DataLoader worker killed by the kernel's "
+         "OOM killer (a real kill: the worker in a 256 MiB memory cgroup, allocating); rank "
+         "1 then raises that its worker was killed, and torchrun stops rank 0",
+         "oom_kill_worker", 1, ("TrainingRankOOMKilled",), {"rank": "1"},
+         ("was killed by the kernel's OOM killer (in its DataLoader worker, pid ",
+          "memory cgroup /colossalai-faults-", "from the kernel log; the rank then raised "
+          "RuntimeError: DataLoader worker (pid")),
     # Rank 0 is the rank that serves the run's own /metrics (the colossalai-training
     # target) and whose launcher holds the rendezvous: its death takes both with it, and
     # the page must still name it and the OOM killer, not "rank 0 down" or "the
@@ -359,6 +369,15 @@ def inject(stack: Stack, case: Case, cgroup: Path | None) -> float:
         # Every rank ends at the same step, as a real loop's end makes them.
         furthest = max(stack.job_of(r).snapshot(r).steps for r in ranks)
         (stack.tmp / "checkpoints" / "at-step").write_text(str(furthest + 20))
+    if case.fault == "oom_kill_worker":
+        # The rank's DataLoader worker now allocates in a memory cgroup of its own (the
+        # limit is the job's); a file arms it, since the signal below reaches the rank.
+        assert cgroup is not None
+        for worker in children(stack.job_of(case.rank).pid(case.rank)):
+            (cgroup / "cgroup.procs").write_text(str(worker))
+        at = now()
+        (stack.tmp / "checkpoints" / "worker-hoards").touch()
+        return at
     if cgroup is not None:
         # The rank now allocates in a memory cgroup of its own: the limit is the job's.
         (cgroup / "cgroup.procs").write_text(str(stack.job_of(case.rank).pid(case.rank)))
@@ -372,6 +391,14 @@ def inject(stack: Stack, case: Case, cgroup: Path | None) -> float:
         else:
             os.kill(pid, signal.SIGUSR1)
     return at
+
+
+def children(pid: int) -> list[int]:
+    """The processes ``pid`` forked (its DataLoader worker), from /proc."""
+    found = [int(child) for task in Path(f"/proc/{pid}/task").iterdir()
+             for child in (task / "children").read_text().split()]
+    assert found, f"rank process {pid} has no child process"
+    return found
 
 
 def started_failing(stack: Stack, case: Case) -> float:
@@ -512,7 +539,7 @@ def plan_for_every_rank(stack: Stack) -> None:
 def rank_memory(case: Case) -> AbstractContextManager[Path | None]:
     """A memory cgroup the OOM case's rank is moved into: 256 MiB of new allocations,
     more than its steps ever take, far less than it allocates once armed."""
-    if case.fault != "oom_kill":
+    if case.fault not in ("oom_kill", "oom_kill_worker"):
         return nullcontext(None)
     return limited_memory_cgroup(256 * 2**20)
 

@@ -95,13 +95,22 @@ class RandomBatches(torch.utils.data.IterableDataset[torch.Tensor]):
     """The data loader's source; with FAULT=data_stuck it blocks, once armed, on the
     faulty rank: a read from a network filesystem that never returns."""
 
-    def __init__(self, stuck: bool) -> None:
+    def __init__(self, stuck: bool, hoards: bool = False) -> None:
         self.stuck = stuck
+        self.hoards = hoards
 
     def __iter__(self) -> Any:
         while True:
             if self.stuck and armed.is_set():
                 time.sleep(3600)
+            if self.hoards and (CHECKPOINT_DIR / "worker-hoards").exists():
+                # In a DataLoader worker (FAULT=oom_kill_worker), armed by a file (the
+                # test's signal reaches the rank, not its worker): memory that grows
+                # until the kernel's OOM killer ends the worker, as a leaking or
+                # oversized prefetch does.
+                hoard = []
+                while True:
+                    hoard.append(bytearray(16 * 1024 * 1024))
             yield torch.randn(16, 32)
 
 
@@ -190,8 +199,10 @@ def main() -> int:
         booster = None
         step_fn = collectives_step(model, criterion)
     print(f"rank {rank}: training", flush=True)
-    batches = iter(torch.utils.data.DataLoader(RandomBatches(FAULT == "data_stuck" and mine),
-                                               batch_size=None))
+    worker_oom = FAULT == "oom_kill_worker" and mine
+    batches = iter(torch.utils.data.DataLoader(
+        RandomBatches(FAULT == "data_stuck" and mine, hoards=worker_oom), batch_size=None,
+        num_workers=1 if worker_oom else 0))
     step_seconds = STEP_SECONDS
 
     step = 0

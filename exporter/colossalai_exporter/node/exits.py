@@ -13,10 +13,13 @@ gone at once), but in how each one ended:
     scheduler preempting or cancelling the job, torchrun stopping the ranks that
     survived another's failure, Ctrl-C. Not an incident of its own.
 ``oom_killed``
-    the kernel's OOM killer ended it. The kernel log names the victim's pid
-    (exact); where it cannot be read (a container without CAP_SYSLOG), the rank's
+    the kernel's OOM killer ended it, or ended one of its DataLoader workers, after
+    which the rank raised ("DataLoader worker (pid 4242) is killed by signal: Killed",
+    the most common host-memory death of a rank). The kernel log names the victim's
+    pid (exact); where it cannot be read (a container without CAP_SYSLOG), the rank's
     memory cgroup counting an OOM kill since the rank was last seen alive, else the
-    node's ``/proc/vmstat`` count rising then, stands in (and the detail says which).
+    node's ``/proc/vmstat`` count rising then, stands in (and the detail says which);
+    a worker's kill is told from the kernel log only.
 ``failed``
     it raised an exception of its own (its last error, recorded before it died).
 ``peer_failed``
@@ -54,6 +57,7 @@ and the counts then) is only gathered when the kernel log cannot be read.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -68,12 +72,16 @@ from colossalai_exporter.node.oom import (
     memory_cgroup,
     vmstat_oom_kills,
 )
-from colossalai_exporter.rankstate.schema import WAITING, Snapshot
+from colossalai_exporter.rankstate.schema import WAITING, LastError, Snapshot
 from colossalai_exporter.rankstate.verdict import judge, timed_out_in_collective
 
 # An OOM kill in the kernel log counts for a rank only if logged after the rank's
 # process started (a pid is reused), with this much slack for the clocks' rounding.
 CLOCK_SLACK_SECONDS: Final = 1.0
+# What torch's DataLoader raises in the rank when a worker dies: "DataLoader worker (pid
+# 4242) is killed by signal: Killed." or "DataLoader worker (pid(s) 4242, 4243) exited
+# unexpectedly" (torch/utils/data/dataloader.py, and its SIGCHLD handler in C++).
+_DATALOADER_WORKERS: Final = re.compile(r"DataLoader worker \(pid(?:\(s\))? ([\d, ]+)\)")
 
 
 @dataclass(frozen=True)
@@ -197,6 +205,9 @@ class ExitJudge:
         if snap.phase == "failed":
             if error is None:
                 return Exit("failed", snap.error)
+            worker = None if foreign else self._killed_worker(snap, error)
+            if worker is not None:
+                return worker
             return Exit("peer_failed" if error.peer else "failed",
                         f"{error.type}: {error.message}")
         if foreign:
@@ -216,6 +227,18 @@ class ExitJudge:
                                        "timeout) ends a rank whose collective does not "
                                        "complete")
         return fallback
+
+    def _killed_worker(self, snap: Snapshot, error: LastError) -> Exit | None:
+        """The OOM kill of a DataLoader worker the rank's error names, from the kernel
+        log: the rank raised because the OOM killer ended its worker."""
+        named = _DATALOADER_WORKERS.search(error.message)
+        for pid in named.group(1).split(",") if named else ():
+            kill = self._kills.get(int(pid))
+            if kill is not None and kill.time >= snap.created - CLOCK_SLACK_SECONDS:
+                return Exit("oom_killed", f"in its DataLoader worker, pid {int(pid)}: "
+                                          f"{describe(kill)}; from the kernel log; the rank "
+                                          f"then raised {error.type}: {error.message}")
+        return None
 
     def _fallback(self, snap: Snapshot) -> Exit:
         """A rank gone without a word: an OOM kill its cgroup or the node counted, or not."""
