@@ -274,6 +274,25 @@ def test_a_dataloader_worker_the_oom_killer_ended_is_the_ranks_oom_kill(
                       f"RuntimeError: {message.strip()}")
 
 
+def test_without_the_kernel_log_a_workers_oom_kill_is_counted_by_the_cgroup(
+        tmp_path: Path) -> None:
+    proc, sys_root = fake_cgroups(tmp_path, {10: "/job"})
+    exits = ExitJudge(KernelLog(str(tmp_path / "no-kmsg")), proc_root=str(proc),
+                      sys_root=str(sys_root))
+    rank = snapshot(10)
+    assert judge(exits, [rank], []) == {}
+    set_oom_kills(sys_root, "/job", 1)  # the worker, in the rank's cgroup
+    error = error_record(RuntimeError("DataLoader worker (pid 4250) is killed by signal: "
+                                      "Killed. "), "run", None, 1005.0)
+    reason, detail = judge(exits, [], [snapshot(10, phase="failed", last_error=error)])[1]
+    assert reason == "oom_killed"
+    assert detail.startswith("in its DataLoader worker: memory cgroup /job counted an OOM "
+                             "kill as its DataLoader worker (pid 4250) died (the kernel "
+                             "log, which names the victim, cannot be read: ")
+    assert detail.endswith("; the rank then raised RuntimeError: DataLoader worker (pid "
+                           "4250) is killed by signal: Killed.")
+
+
 def test_a_dataloader_worker_that_died_otherwise_is_the_ranks_own_error(
         tmp_path: Path) -> None:
     log = tmp_path / "kmsg"

@@ -18,8 +18,8 @@ gone at once), but in how each one ended:
     the most common host-memory death of a rank). The kernel log names the victim's
     pid (exact); where it cannot be read (a container without CAP_SYSLOG), the rank's
     memory cgroup counting an OOM kill since the rank was last seen alive, else the
-    node's ``/proc/vmstat`` count rising then, stands in (and the detail says which);
-    a worker's kill is told from the kernel log only.
+    node's ``/proc/vmstat`` count rising then, stands in (and the detail says which),
+    for a worker's kill as for the rank's.
 ``failed``
     it raised an exception of its own (its last error, recorded before it died).
 ``peer_failed``
@@ -229,45 +229,63 @@ class ExitJudge:
         return fallback
 
     def _killed_worker(self, snap: Snapshot, error: LastError) -> Exit | None:
-        """The OOM kill of a DataLoader worker the rank's error names, from the kernel
-        log: the rank raised because the OOM killer ended its worker."""
+        """The OOM kill of a DataLoader worker the rank's error names: the rank raised
+        because the OOM killer ended its worker. From the kernel log, which names the
+        worker's pid; where it cannot be read, the rank's memory cgroup or the node
+        counting an OOM kill as the worker died."""
         named = _DATALOADER_WORKERS.search(error.message)
-        for pid in named.group(1).split(",") if named else ():
-            kill = self._kills.get(int(pid))
+        if named is None:
+            return None
+        raised = f"the rank then raised {error.type}: {error.message}"
+        pids = [int(pid) for pid in named.group(1).split(",")]
+        for pid in pids:
+            kill = self._kills.get(pid)
             if kill is not None and kill.time >= snap.created - CLOCK_SLACK_SECONDS:
-                return Exit("oom_killed", f"in its DataLoader worker, pid {int(pid)}: "
-                                          f"{describe(kill)}; from the kernel log; the rank "
-                                          f"then raised {error.type}: {error.message}")
+                return Exit("oom_killed", f"in its DataLoader worker, pid {pid}: "
+                                          f"{describe(kill)}; from the kernel log; {raised}")
+        workers = ", ".join(map(str, pids))
+        counted = self._counted_oom(snap, f"its DataLoader worker (pid {workers}) died")
+        if counted is not None:
+            return Exit("oom_killed", f"in its DataLoader worker: {counted}; {raised}")
         return None
 
-    def _fallback(self, snap: Snapshot) -> Exit:
-        """A rank gone without a word: an OOM kill its cgroup or the node counted, or not."""
+    def _counted_oom(self, snap: Snapshot, event: str) -> str | None:
+        """The OOM kill the rank's memory cgroup, else the node, counted since the rank
+        was last seen alive, as ``event`` happened; None when neither counted one, or
+        when the kernel log is read (then it alone names victims: no counts are kept)."""
         baseline = self._baselines.get(self._key(snap))
+        if baseline is None:
+            return None
         unreadable = "" if self.kernel_log is None or self._exact() else \
             f" (the kernel log, which names the victim, cannot be read: {self.kernel_log.problem})"
-        if baseline is not None and baseline.cgroup is not None \
-                and baseline.cgroup_kills is not None:
+        if baseline.cgroup is not None and baseline.cgroup_kills is not None:
             now = cgroup_oom_kills(baseline.cgroup)
             if now is not None and now > baseline.cgroup_kills:
                 group = now[1] > baseline.cgroup_kills[1]
                 what = "killed every process of it (memory.oom.group)" if group else \
                     "counted an OOM kill"
-                return Exit("oom_killed", f"memory cgroup {baseline.cgroup.path} {what} as "
-                                          f"the rank vanished{unreadable}")
-        if baseline is not None and baseline.node_kills is not None:
+                return f"memory cgroup {baseline.cgroup.path} {what} as {event}{unreadable}"
+        if baseline.node_kills is not None:
             now_node = vmstat_oom_kills(self.proc_root)
             if now_node is not None and now_node > baseline.node_kills:
-                return Exit("oom_killed", "the node's OOM-kill count (/proc/vmstat) rose as "
-                                          "the rank vanished; neither the kernel log nor "
-                                          "the rank's memory cgroup could say more")
+                return (f"the node's OOM-kill count (/proc/vmstat) rose as {event}; neither "
+                        "the kernel log nor the rank's memory cgroup could say more")
+        return None
+
+    def _fallback(self, snap: Snapshot) -> Exit:
+        """A rank gone without a word: an OOM kill its cgroup or the node counted, or not."""
+        counted = self._counted_oom(snap, "the rank vanished")
+        if counted is not None:
+            return Exit("oom_killed", counted)
         if self._exact():
             return Exit("killed", "its process vanished with no error, no signal recorded "
                                   "and no OOM kill in the kernel log: SIGKILL from outside, "
                                   "or a crash in native code")
+        unreadable = "" if self.kernel_log is None else \
+            f" (the kernel log, which names the victim, cannot be read: {self.kernel_log.problem})"
         return Exit("killed", "its process vanished with no error and no signal recorded: "
                               "SIGKILL from outside, a crash in native code, or an OOM kill "
                               f"nothing on this node could show{unreadable}")
-
 
 def _stall(snap: Snapshot, at: float) -> str:
     """"it made no step for 21s (budget 5s)" when ``snap`` was stalled at ``at``, or ""."""
