@@ -150,8 +150,11 @@ CASES = [
          "all-reduce", "frozen_compute", 3, ("TrainingHangSuspect",),
          {"rank": "3", "cause": "outside_collective", "activity": "compute",
           "instance": "<node 1's agent>"},
-         ("is the rank the others wait for", "in inject_in_step while 3 other rank(s) wait "
-          "in backward"), muted=("TrainingStalled",), nodes=2, release="current"),
+         # How many others wait is counted as the page renders: node 0's agent may not
+         # have been scraped yet since its ranks stalled (1 or 3 then, both true).
+         ("is the rank the others wait for", "in inject_in_step while ",
+          "other rank(s) wait in backward"), muted=("TrainingStalled",), nodes=2,
+         release="current"),
     Case("data-stuck", "rank 1's data loader blocks (a read that never returns)",
          "data_stuck", 1, ("TrainingHangSuspect",),
          {"rank": "1", "cause": "outside_collective", "activity": "data"},
