@@ -198,8 +198,8 @@ class ExitJudge:
                 return Exit("hung", f"{hang}; then it {received} (torchrun stopping it once "
                                     "another rank ended, or the scheduler)")
             return Exit("interrupted", received)
-        kill = None if foreign else self._kills.get(snap.pid)
-        if kill is not None and kill.time >= snap.created - CLOCK_SLACK_SECONDS:
+        kill = None if foreign else self._kill_of(snap.pid, snap)
+        if kill is not None:
             return Exit("oom_killed", f"{describe(kill)}; from the kernel log")
         error = snap.last_error
         if snap.phase == "failed":
@@ -213,9 +213,9 @@ class ExitJudge:
         if foreign:
             return Exit("killed", "its state snapshot stopped, and its process is in another "
                                   "PID namespace than this agent's: killed, or frozen")
-        fallback = self._fallback(snap)
-        if fallback.reason != "killed":
-            return fallback
+        counted = self._counted_oom(snap, "the rank vanished")
+        if counted is not None:
+            return Exit("oom_killed", counted)
         hang = _hung(snap, snap.written, peers)
         if hang:
             return Exit("hung", f"{hang}; then its process vanished with no error and no "
@@ -226,7 +226,7 @@ class ExitJudge:
                                        "the process group's watchdog (NCCL's, past its "
                                        "timeout) ends a rank whose collective does not "
                                        "complete")
-        return fallback
+        return self._killed()
 
     def _killed_worker(self, snap: Snapshot, error: LastError) -> Exit | None:
         """The OOM kill of a DataLoader worker the rank's error names: the rank raised
@@ -239,8 +239,8 @@ class ExitJudge:
         raised = f"the rank then raised {error.type}: {error.message}"
         pids = [int(pid) for pid in named.group(1).split(",")]
         for pid in pids:
-            kill = self._kills.get(pid)
-            if kill is not None and kill.time >= snap.created - CLOCK_SLACK_SECONDS:
+            kill = self._kill_of(pid, snap)
+            if kill is not None:
                 return Exit("oom_killed", f"in its DataLoader worker, pid {pid}: "
                                           f"{describe(kill)}; from the kernel log; {raised}")
         workers = ", ".join(map(str, pids))
@@ -272,11 +272,16 @@ class ExitJudge:
                         "the kernel log nor the rank's memory cgroup could say more")
         return None
 
-    def _fallback(self, snap: Snapshot) -> Exit:
-        """A rank gone without a word: an OOM kill its cgroup or the node counted, or not."""
-        counted = self._counted_oom(snap, "the rank vanished")
-        if counted is not None:
-            return Exit("oom_killed", counted)
+    def _kill_of(self, pid: int, snap: Snapshot) -> OomKill | None:
+        """The kernel log's OOM kill of ``pid`` during ``snap``'s rank's life (a pid is
+        reused: a kill logged before the rank started was another process's)."""
+        kill = self._kills.get(pid)
+        if kill is None or kill.time < snap.created - CLOCK_SLACK_SECONDS:
+            return None
+        return kill
+
+    def _killed(self) -> Exit:
+        """A rank gone without a word, and no evidence of why."""
         if self._exact():
             return Exit("killed", "its process vanished with no error, no signal recorded "
                                   "and no OOM kill in the kernel log: SIGKILL from outside, "
