@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from colossalai_exporter.node.exits import ExitJudge
@@ -23,6 +24,7 @@ from colossalai_exporter.rankstate.schema import (
     Activity,
     GroupProgress,
     Interruption,
+    PendingCollective,
     Snapshot,
 )
 from colossalai_exporter.training.errors import error_record, is_peer_failure
@@ -517,6 +519,57 @@ def test_a_rank_stopped_after_the_others_timed_out_waiting(
             "gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 15000ms for "
             "recv operation to complete): the rank the others waited for; then it received "
             "SIGTERM (torchrun stopping it once another rank ended, or the scheduler)")
+
+
+# NCCL's watchdog, with a process group timeout (30 s) shorter than the step budget (60 s):
+# rank 0's all-reduce #38, in flight since 1005 s, passes it; rank 1 never enqueued it.
+IN_FLIGHT = PendingCollective(pg="0", seq=38, since=1005.0, timeout=30.0)
+
+
+def nccl_waiter(at: float = 1034.0, pending: PendingCollective | None = IN_FLIGHT,
+                ) -> Snapshot:
+    """Rank 0 in a CUDA sync behind its all-reduce, last written at ``at``; not stalled."""
+    return waiter(at=at, activity=IN_SYNC, pending=pending, publish_interval=1.0)
+
+
+def test_a_watchdog_end_within_the_budget_names_the_rank_with_nothing_in_flight() -> None:
+    """Neither rank stalled yet, both sampled in compute (CUDA syncs): rank 0 vanished with
+    no error once its collective passed the group's timeout; rank 1, with nothing in
+    flight, was then stopped by torchrun. On the same evidence at start-up, a rank that
+    loads a checkpoint for longer than the timeout while the others wait at a barrier."""
+    rank1 = stopped(IN_SYNC, at=1036.0, publish_interval=1.0)
+    found = verdicts(nccl_waiter(), rank1)
+    assert found[0] == ("peer_failed", (
+        "its collective 38 of process group 0 had been in flight 29s at its last snapshot, "
+        "and the group's timeout is 30s, then vanished with no error recorded: the process "
+        "group's watchdog (NCCL's) ends a rank whose collective outlives the timeout, from "
+        "C++ (SIGABRT)"))
+    assert found[1] == ("hung", (
+        "it was in compute at train.py:290 in step, outside any collective, when rank 0 "
+        "vanished with no error (its collective 38 of process group 0 had been in flight "
+        "29s at its last snapshot, and the group's timeout is 30s: NCCL's watchdog ends "
+        "such a rank): the rank the others waited for; then it received SIGTERM (torchrun "
+        "stopping it once another rank ended, or the scheduler)"))
+
+
+@pytest.mark.parametrize(("rank0", "rank1_pending", "rank0_gone", "reasons"), [
+    # killed 14 s before its collective's timeout: not the watchdog
+    (nccl_waiter(at=1010.0), None, True, ("killed", "interrupted")),
+    # rank 1 had the same collective in flight: it waited too, its watchdog not yet come
+    (nccl_waiter(), PendingCollective(pg="0", seq=38, since=1006.0, timeout=30.0), True,
+     ("peer_failed", "interrupted")),
+    # the timeout not known (a torch without backend options): no judgement on it
+    (nccl_waiter(pending=msgspec.structs.replace(IN_FLIGHT, timeout=None)), None, True,
+     ("killed", "interrupted")),
+    # rank 0 still alive: nobody timed out
+    (nccl_waiter(), None, False, (None, "interrupted")),
+])
+def test_no_watchdog_end_without_a_collective_past_its_timeout(
+        rank0: Snapshot, rank1_pending: PendingCollective | None, rank0_gone: bool,
+        reasons: tuple[str | None, str]) -> None:
+    rank1 = stopped(IN_SYNC, at=1036.0, publish_interval=1.0, pending=rank1_pending)
+    found = verdicts(rank0, rank1) if rank0_gone else verdicts(rank1, alive=(rank0,))
+    assert (found.get(0, (None,))[0], found[1][0]) == reasons
 
 
 def test_an_oom_kill_after_a_hang_is_still_the_oom_kill(tmp_path: Path) -> None:

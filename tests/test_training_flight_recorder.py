@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime
 import importlib.util
 import json
 import pickle
@@ -9,9 +10,12 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from colossalai_exporter.rankstate.schema import PendingCollective, Snapshot
 from colossalai_exporter.training import flight_recorder
 from conftest import cli_env, free_port, require
 
@@ -91,7 +95,7 @@ def test_never_imports_torch(tmp_path: Path) -> None:
 
 
 BEHIND_RANK = textwrap.dedent("""
-    import sys, threading, time
+    import datetime, sys, threading, time
     import torch
     import torch.distributed as dist
     from colossalai_exporter import TrainingMonitor
@@ -100,8 +104,8 @@ BEHIND_RANK = textwrap.dedent("""
     monitor = TrainingMonitor(rank=rank, local_rank=rank, world_size=2, serve="none",
                               run_dir=run_dir, step_timeout=0.5, publish_interval=0.1)
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + port, rank=rank,
-                            world_size=2)
-    sub = dist.new_group([0, 1])
+                            world_size=2, timeout=datetime.timedelta(seconds=120))
+    sub = dist.new_group([0, 1])           # torch's default timeout (30 min), not 120 s
     x = torch.ones(4)
     for _ in range(3):
         with monitor.step():
@@ -134,23 +138,30 @@ def test_a_stalled_rank_behind_in_a_group_is_visible_from_its_snapshot(tmp_path:
                                port, hold], env=env, stdout=log, stderr=log)
              for rank in (0, 1)]
     try:
-        def both_stalled_with_progress() -> dict[int, list[flight_recorder.GroupProgress]]:
+        def both_stalled_with_progress() -> dict[int, Snapshot]:
             snaps = {s.rank: s for s in read_all_snapshots(tmp_path)}
             if len(snaps) == 2 and all(s.stalled and s.collectives for s in snaps.values()):
-                return {r: list(s.collectives or []) for r, s in snaps.items()}
+                return snaps
             return {}
-        progress = wait_until(both_stalled_with_progress, 60, interval=0.1,
-                              what="both ranks stalled, with their collectives")
+        snaps = wait_until(both_stalled_with_progress, 60, interval=0.1,
+                           what="both ranks stalled, with their collectives")
     finally:
         for proc in procs:
             proc.kill()
             proc.wait(10)
         log.close()
+    progress = {rank: snap.collectives or [] for rank, snap in snaps.items()}
     default = {rank: next(g for g in groups if g.pg == "0") for rank, groups in progress.items()}
     sub = {rank: next(g for g in groups if g.pg == "1") for rank, groups in progress.items()}
     assert default[0].enqueued == 4 and default[0].op == "gloo:all_reduce", default
     assert default[1].enqueued == 3, default     # the rank the other waits for is behind
     assert sub[0].enqueued == sub[1].enqueued == 1, sub
+    # In flight: rank 0's all-reduce #4, under the default group's timeout (the pair's
+    # would be torch's default); rank 1 has nothing in flight.
+    pending = snaps[0].pending
+    assert pending is not None and (pending.pg, pending.seq, pending.timeout) == ("0", 4, 120.0)
+    assert snaps[0].created <= pending.since <= snaps[0].written
+    assert snaps[1].pending is None, snaps[1].pending
 
 
 def test_progress_from_a_real_nccl_dump() -> None:
@@ -199,3 +210,70 @@ def test_ranks_label_is_short_and_readable(ranks: list[int], label: str) -> None
 def test_a_long_irregular_group_is_its_size_and_a_digest() -> None:
     label = flight_recorder.ranks_label([*range(0, 64, 2), *range(65, 129, 2)])
     assert label.startswith("64 ranks #") and len(label) == len("64 ranks #") + 8
+
+
+class _Group:
+    """A process group as flight_recorder reads it: its backend's options' timeout."""
+
+    def __init__(self, seconds: float) -> None:
+        self._device_types = ["cuda"]
+        self.options = SimpleNamespace(_timeout=datetime.timedelta(seconds=seconds))
+
+    def _get_backend(self, device: object) -> object:
+        return self
+
+
+def fake_torch(monkeypatch: pytest.MonkeyPatch, dumps: list[dict[str, Any]],
+               groups: dict[str, float]) -> None:
+    """torch.distributed as PendingReader sees it: each read returns the next dump."""
+    def dump_fr_trace(**_: object) -> bytes:
+        return pickle.dumps(dumps.pop(0))
+    monkeypatch.setitem(sys.modules, "torch.distributed",
+                        SimpleNamespace(is_initialized=lambda: True))
+    monkeypatch.setitem(sys.modules, "torch._C._distributed_c10d",
+                        SimpleNamespace(_dump_fr_trace=dump_fr_trace))
+    world = SimpleNamespace(pg_names={_Group(t): name for name, t in groups.items()})
+    monkeypatch.setitem(sys.modules, "torch.distributed.distributed_c10d",
+                        SimpleNamespace(_world=world))
+
+
+def nccl_status(**groups: tuple[int, int]) -> dict[str, Any]:
+    """NCCL's shape (the fixture's): status and config keyed by the groups' names."""
+    return {"pg_config": {name: {"name": name, "ranks": "[0, 1]"} for name in groups},
+            "pg_status": {name: {"last_enqueued_collective": enqueued,
+                                 "last_completed_collective": completed}
+                          for name, (enqueued, completed) in groups.items()}}
+
+
+def test_in_flight_since_first_seen_with_its_groups_timeout(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """NCCL keys groups by name ("5" here is the second group this process made); a
+    collective is in flight from the read that first sees it until its group completes
+    it, and the oldest in flight is the one reported."""
+    fake_torch(monkeypatch, [
+        nccl_status(**{"0": (10, 10), "5": (3, 3)}),      # nothing in flight
+        nccl_status(**{"0": (11, 10), "5": (3, 3)}),      # #11 of "0" from 100 s
+        nccl_status(**{"0": (12, 10), "5": (4, 3)}),      # still #11; "5"'s #4 from 110 s
+        nccl_status(**{"0": (12, 12), "5": (4, 3)}),      # "0" done: "5"'s #4 remains
+        nccl_status(**{"0": (12, 12), "5": (4, 4)}),
+    ], {"0": 600.0, "5": 1800.0})
+    reader = flight_recorder.PendingReader()
+    assert reader.read(90.0) is None
+    first = PendingCollective(pg="0", seq=11, since=100.0, timeout=600.0)
+    assert reader.read(100.0) == first
+    assert reader.read(110.0) == first
+    assert reader.read(120.0) == PendingCollective(
+        pg="5", seq=4, since=110.0, timeout=1800.0)
+    assert reader.read(130.0) is None
+
+
+def test_gloo_status_is_keyed_by_creation_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gloo's pg_config names no group; its status numbers this process's groups in the
+    order it made them: rank 2's pair, registered as "2", is its group "1"."""
+    fake_torch(monkeypatch, [{
+        "pg_config": {"": {"name": "", "desc": "", "ranks": "[]"}},
+        "pg_status": {"0": {"last_enqueued_collective": 7, "last_completed_collective": 7},
+                      "1": {"last_enqueued_collective": 9, "last_completed_collective": 8}},
+    }], {"0": 120.0, "2": 1800.0})
+    assert flight_recorder.PendingReader().read(5.0) == PendingCollective(
+        pg="1", seq=9, since=5.0, timeout=1800.0)

@@ -96,9 +96,9 @@ class Case:
 # A hang that goes on to end the run (the process group's timeout), in the form NCCL's
 # watchdog gives it; the same incident through gloo's own timeout is a variant of it.
 HANG_THEN_WATCHDOG = Case(
-    "hang-then-watchdog", "rank 1 frozen in compute; 30 s later NCCL's watchdog (a "
-    "stand-in: gloo has none) aborts rank 0, which waited in backward's all-reduce, with no "
-    "Python error; torchrun then stops rank 1 (SIGTERM)",
+    "hang-then-watchdog", "rank 1 frozen in compute; NCCL's watchdog (a stand-in: gloo has "
+    "none) aborts rank 0, with no Python error, once its backward's all-reduce has been in "
+    "flight for the process group's 30 s timeout; torchrun then stops rank 1 (SIGTERM)",
     "hang_then_watchdog", 1, ("TrainingHangSuspect", "TrainingRankDown"),
     {"rank": "1", "cause": "outside_collective", "activity": "compute"},
     ("is the rank the others wait for", "in compute at train.py:"),
@@ -138,6 +138,18 @@ CASES = [
          ("hung: it was in compute at train.py:", "outside any collective, when rank 0 "
           "timed out waiting for a peer in a collective", "then it received SIGTERM"),
          release="current"),
+    # NCCL's form of the same: the rank that waited vanishes without a word, and its
+    # collective in flight past the timeout (flight recorder) is all that says why.
+    Case("hang-then-short-watchdog", "rank 1 frozen in compute; NCCL's watchdog (a "
+         "stand-in) aborts rank 0, with no Python error, once its all-reduce has been in "
+         "flight for the process group's 15 s timeout, shorter than the 40 s step budget, "
+         "before rank 1 counts as stalled; torchrun then stops rank 1 (SIGTERM)",
+         "hang_then_short_watchdog", 1, ("TrainingRankDown",),
+         {"rank": "1", "cause": "process"},
+         ("hung: it was in compute at train.py:", "outside any collective, when rank 0 "
+          "vanished with no error (its collective", "NCCL's watchdog ends such a rank",
+          "then it received SIGTERM"),
+         release="bookworm"),
     Case("frozen-compute-4-ranks", "rank 2 of 4 frozen in compute; ranks 0, 1 and 3 wait "
          "in backward's all-reduce", "frozen_compute", 2, ("TrainingHangSuspect",),
          {"rank": "2", "cause": "outside_collective", "activity": "compute"},

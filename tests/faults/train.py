@@ -35,9 +35,11 @@ watchdog thread, finding a collective in flight past the timeout, logs "Watchdog
 caught collective operation timeout" and tears the process down from C++
 (``TORCH_NCCL_ASYNC_ERROR_HANDLING``'s default): the rank dies by SIGABRT with no
 Python error. :func:`nccl_watchdog` stands in for that thread (the one stand-in
-here): it aborts a rank whose step has been in flight past the timeout, and does not
-run on the frozen rank, which froze in compute, before its backward's collective, so
-that NCCL's watchdog would have nothing in flight to time out there.
+here): it reads the flight recorder as the watchdog reads its work list, and aborts
+the rank once a collective has been in flight for its group's timeout, a moment
+before gloo's own timeout (the same one) would raise. The frozen rank froze in
+compute, before its backward's collective: it has nothing in flight to time out.
+``hang_then_short_watchdog`` is that with a timeout shorter than the step budget.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from __future__ import annotations
 import ctypes
 import datetime
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -67,8 +70,9 @@ STEP_SECONDS = 0.05  # stands in for the real work of a step
 # The hang_then_* faults' process group timeout: past the step budget, so the hang pages
 # first (and what it mutes fires, with room on a loaded machine). hang_then_short_timeout's
 # is within its budget (40 s, below): the run dies before the rank counts as stalled.
-PG_TIMEOUT = 15.0 if FAULT == "hang_then_short_timeout" else 30.0
-HANGS = ("frozen_compute", "hang_then_timeout", "hang_then_short_timeout", "hang_then_watchdog")
+PG_TIMEOUT = 15.0 if FAULT in ("hang_then_short_timeout", "hang_then_short_watchdog") else 30.0
+WATCHDOGS = ("hang_then_watchdog", "hang_then_short_watchdog")
+HANGS = ("frozen_compute", "hang_then_timeout", "hang_then_short_timeout", *WATCHDOGS)
 CHECKPOINT_EVERY = int(os.environ.get("CHECKPOINT_EVERY", "50"))
 
 # torch.OutOfMemoryError's text as a Gemini run on an H200 raised it (FACTS.md).
@@ -154,7 +158,8 @@ def slow_kernel_loader() -> Any:
 # (its 4 ranks, agent and Prometheus restarts, on two cores): a starved CPU held a step
 # of its rank 0 for 10 s once, with two suites on the machine. Its budget leaves room
 # for that; its checkpoint's (5 s, against a 3 s checkpoint) is the point of the case.
-STEP_BUDGET = {"lifecycle": 20.0, "hang_then_short_timeout": 40.0}.get(FAULT, 5.0)
+STEP_BUDGET = {"lifecycle": 20.0, "hang_then_short_timeout": 40.0,
+               "hang_then_short_watchdog": 40.0}.get(FAULT, 5.0)
 
 
 def main() -> int:
@@ -167,7 +172,7 @@ def main() -> int:
         # same exception at each of torchrun's restarts, a crash loop.
         with open(CHECKPOINT_DIR / "data" / "shard-00017.bin", "rb") as shard:
             shard.read()
-    if FAULT in ("hang_then_timeout", "hang_then_short_timeout"):
+    if FAULT.startswith("hang_then_"):
         # What init_process_group(timeout=...) sets; ColossalAI's launch passes none.
         import torch.distributed.distributed_c10d as c10d
 
@@ -175,7 +180,7 @@ def main() -> int:
     colossalai.launch_from_torch(backend="gloo", verbose=False)
     rank = monitor.rank
     mine = rank == FAULT_RANK
-    if FAULT == "hang_then_watchdog" and not mine:
+    if FAULT in WATCHDOGS and not mine:
         threading.Thread(target=nccl_watchdog, args=(rank,), daemon=True).start()
     torch.manual_seed(0)
     model: Any = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(),
@@ -262,18 +267,28 @@ last_step_done: list[float | None] = [None]  # monotonic, once a step completed
 
 
 def nccl_watchdog(rank: int) -> None:
-    """ProcessGroupNCCL's watchdog, for ``hang_then_watchdog`` (module docstring): past
-    the timeout, its message on stderr, then the process torn down by SIGABRT."""
+    """ProcessGroupNCCL's watchdog, for the ``hang_then_*watchdog`` faults (module
+    docstring): a collective in flight (not completed) for its group's timeout, as the
+    flight recorder has it, then the message on stderr and the process torn down by
+    SIGABRT. 0.3 s early, so that gloo's own timeout, which would raise a Python
+    error, does not come first."""
+    from torch._C._distributed_c10d import _dump_fr_trace
+
     while True:
-        time.sleep(0.2)
-        done = last_step_done[0]
-        waited = 0.0 if done is None else time.monotonic() - done
-        if waited > PG_TIMEOUT:
-            print(f"[rank{rank}]:[E] [PG ID 0 PG GUID 0 Rank {rank}] Watchdog caught "
-                  f"collective operation timeout: WorkNCCL(OpType=ALLREDUCE, "
-                  f"Timeout(ms)={PG_TIMEOUT * 1000:.0f}) ran for {waited * 1000:.0f} "
-                  "milliseconds before timing out.", file=sys.stderr, flush=True)
-            os.abort()
+        time.sleep(0.1)
+        recorded = pickle.loads(_dump_fr_trace(includeCollectives=True,
+                                               includeStackTraces=False, onlyActive=True))
+        for entry in recorded.get("entries") or ():
+            if entry.get("retired") or entry.get("state") == "completed":
+                continue
+            waited_ms = (time.time_ns() - entry["time_created_ns"]) / 1e6
+            if waited_ms > entry["timeout_ms"] - 300:
+                print(f"[rank{rank}]:[E] [PG ID 0 PG GUID 0 Rank {rank}] Watchdog caught "
+                      f"collective operation timeout: WorkNCCL(SeqNum="
+                      f"{entry['collective_seq_id']}, OpType=ALLREDUCE, Timeout(ms)="
+                      f"{entry['timeout_ms']}) ran for {waited_ms:.0f} milliseconds before "
+                      "timing out.", file=sys.stderr, flush=True)
+                os.abort()
 
 
 def save(booster: Any, model: Any, path: Path) -> None:

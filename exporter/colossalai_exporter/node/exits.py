@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Final
 
@@ -78,6 +78,11 @@ from colossalai_exporter.rankstate.verdict import judge, timed_out_in_collective
 # An OOM kill in the kernel log counts for a rank only if logged after the rank's
 # process started (a pid is reused), with this much slack for the clocks' rounding.
 CLOCK_SLACK_SECONDS: Final = 1.0
+# A rank writes its snapshot every publish interval until it ends (one that waits in a
+# collective releases the GIL): one that wrote nothing for this many intervals, and at
+# least this many seconds (a loaded machine delays a write), had ended by then.
+SILENT_INTERVALS: Final = 5
+SILENT_FLOOR_SECONDS: Final = 10.0
 # What torch's DataLoader raises in the rank when a worker dies: "DataLoader worker (pid
 # 4242) is killed by signal: Killed." or "DataLoader worker (pid(s) 4242, 4243) exited
 # unexpectedly" (torch/utils/data/dataloader.py, and its SIGCHLD handler in C++).
@@ -91,6 +96,24 @@ class Exit:
 
     reason: str
     detail: str = ""
+
+
+@dataclass(frozen=True)
+class _Peers:
+    """The other ranks of a rank's run on this node as last seen, which of them are gone,
+    and when the agent looked."""
+
+    snaps: list[Snapshot]
+    gone: frozenset[int]
+    now: float
+
+    def __iter__(self) -> Iterator[Snapshot]:
+        return iter(self.snaps)
+
+    def vanished(self, other: Snapshot) -> bool:
+        """Whether ``other`` is gone without a word: no error, no signal, not finished."""
+        return (other.rank in self.gone and other.phase not in ("finished", "failed")
+                and other.interruption is None)
 
 
 @dataclass
@@ -141,7 +164,9 @@ class ExitJudge:
         self._poll_kernel_log()
         alive, gone = list(alive), list(gone)
         everyone = [*alive, *gone]
-        exits = {snap.rank: self._judge(snap, not pids_mean_something(snap), everyone)
+        gone_ranks = frozenset(s.rank for s in gone)
+        exits = {snap.rank: self._judge(snap, not pids_mean_something(snap), everyone,
+                                        gone_ranks)
                  for snap in gone}
         self._note_alive([s for s in alive if pids_mean_something(s)])
         keep = {self._key(s) for s in gone}
@@ -177,16 +202,18 @@ class ExitJudge:
                                        node_kills)
         self._baselines = baselines
 
-    def _judge(self, snap: Snapshot, foreign: bool, everyone: list[Snapshot]) -> Exit:
+    def _judge(self, snap: Snapshot, foreign: bool, everyone: list[Snapshot],
+               gone: frozenset[int]) -> Exit:
         key = self._key(snap)
         verdict = self._verdicts.get(key)
         if verdict is None:
             run = snap.info.get("run")
-            peers = [s for s in everyone if s is not snap and s.info.get("run") == run]
+            peers = _Peers([s for s in everyone if s is not snap and s.info.get("run") == run],
+                           gone, self._clock())
             verdict = self._verdicts[key] = self._first_judgement(snap, foreign, peers)
         return verdict
 
-    def _first_judgement(self, snap: Snapshot, foreign: bool, peers: list[Snapshot]) -> Exit:
+    def _first_judgement(self, snap: Snapshot, foreign: bool, peers: _Peers) -> Exit:
         """``peers``: the other ranks of its run on this node, alive or gone, as last seen."""
         if snap.phase == "finished":
             return Exit("finished")
@@ -220,6 +247,12 @@ class ExitJudge:
         if hang:
             return Exit("hung", f"{hang}; then its process vanished with no error and no "
                                 "signal recorded (SIGKILL after the hang, or a crash)")
+        timed_out = _outlived_its_timeout(snap, _latest_end(snap, peers.now))
+        if timed_out:
+            return Exit("peer_failed", f"{timed_out}, then vanished with no error recorded: "
+                                       "the process group's watchdog (NCCL's) ends a rank "
+                                       "whose collective outlives the timeout, from C++ "
+                                       "(SIGABRT)")
         waited = _stalled_waiting(snap, snap.written, peers)
         if waited:
             return Exit("peer_failed", f"{waited}, then vanished with no error recorded: "
@@ -327,7 +360,7 @@ def _behind(snap: Snapshot, other: Snapshot) -> str:
     return ""
 
 
-def _the_one_waited_for(snap: Snapshot, peers: list[Snapshot]) -> str:
+def _the_one_waited_for(snap: Snapshot, peers: _Peers) -> str:
     """Why ``snap`` is the rank its run's other ranks on this node waited for, or "".
 
     Evidence from another rank, not from ``snap`` alone: on a GPU, NCCL's collectives
@@ -351,7 +384,7 @@ def _the_one_waited_for(snap: Snapshot, peers: list[Snapshot]) -> str:
     return ""
 
 
-def _hung(snap: Snapshot, at: float, peers: list[Snapshot]) -> str:
+def _hung(snap: Snapshot, at: float, peers: _Peers) -> str:
     """How the rank hung, as of ``at``: stalled, and the one the others waited for."""
     stall = _stall(snap, at)
     evidence = _the_one_waited_for(snap, peers) if stall else ""
@@ -360,30 +393,79 @@ def _hung(snap: Snapshot, at: float, peers: list[Snapshot]) -> str:
     return f"{stall}, {evidence}: the rank the others waited for"
 
 
-def _waited_for(snap: Snapshot, at: float, peers: list[Snapshot]) -> str:
+def _waited_for(snap: Snapshot, at: float, peers: _Peers) -> str:
     """How ``snap`` was the rank the others waited for, when signalled at ``at``: outside
-    any collective, after a rank of its run (on this node) timed out waiting in one.
+    any collective, with nothing in flight its group's timeout could end, after a rank of
+    its run (on this node) timed out waiting in one.
 
     What a hang looks like when the process group's timeout is shorter than the step
     budget: the waiting ranks' collective times out before the hung rank counts as
-    stalled, and torchrun then stops the hung rank. The timeout is a Python error only
-    where the backend raises one (gloo; NCCL in blocking-wait mode), and there a rank
-    that waits is seen waiting."""
-    if snap.activity is None or _waits(snap):
+    stalled, and torchrun then stops the hung rank. gloo (and NCCL in blocking-wait mode)
+    raises the timeout as a Python error; NCCL's watchdog ends the rank that waited with
+    none, and its collective in flight past the timeout is the evidence. The ranks that
+    waited are told from the one they waited for by that collective: on a GPU every
+    rank's thread samples as compute."""
+    if snap.activity is None or _waits(snap) or _in_flight_long(snap, at):
         return ""
     for other in peers:
-        error = other.last_error
-        if error is None or not snap.created <= error.time <= at \
-                or not timed_out_in_collective(error):
-            continue
-        stall = _stall(snap, at)
-        return (f"{stall + ', ' if stall else 'it was '}{_where(snap)}, outside any "
-                f"collective, when rank {other.rank} timed out waiting for a peer in a "
-                f"collective ({error.type}: {error.message}): the rank the others waited for")
+        timed_out = _timed_out(other, snap, at, peers)
+        if timed_out:
+            stall = _stall(snap, at)
+            return (f"{stall + ', ' if stall else 'it was '}{_where(snap)}, outside any "
+                    f"collective, when {timed_out}: the rank the others waited for")
     return ""
 
 
-def _stalled_waiting(snap: Snapshot, at: float, peers: list[Snapshot]) -> str:
+def _timed_out(other: Snapshot, snap: Snapshot, at: float, peers: _Peers) -> str:
+    """How ``other`` timed out waiting in a collective during ``snap``'s life, up to
+    ``at``, or "": the backend's error (gloo's), or gone without a word with its
+    collective in flight past the timeout (NCCL's watchdog)."""
+    error = other.last_error
+    if error is not None and snap.created <= error.time <= at \
+            and timed_out_in_collective(error):
+        return (f"rank {other.rank} timed out waiting for a peer in a collective "
+                f"({error.type}: {error.message})")
+    if peers.vanished(other):
+        ended_by = min(at + CLOCK_SLACK_SECONDS, _latest_end(other, peers.now))
+        outlived = _outlived_its_timeout(other, ended_by)
+        if outlived:
+            return (f"rank {other.rank} vanished with no error ({outlived}: NCCL's "
+                    "watchdog ends such a rank)")
+    return ""
+
+
+def _latest_end(snap: Snapshot, now: float) -> float:
+    """The latest ``snap``'s rank can have ended: when the agent found it gone, or a few
+    publish intervals after its last snapshot, whichever came first."""
+    silent = max(SILENT_INTERVALS * (snap.publish_interval or 0.0), SILENT_FLOOR_SECONDS)
+    return min(now, snap.written + silent)
+
+
+def _outlived_its_timeout(snap: Snapshot, ended_by: float) -> str:
+    """"its collective 38 of process group 0 had been in flight 29s at its last snapshot,
+    and the group's timeout is 30s" when its oldest collective in flight passed its
+    group's timeout by ``ended_by``, or "". The monitor first sees a collective in flight
+    up to one publish interval after it was enqueued: it may be that much older."""
+    pending = snap.pending
+    if pending is None or pending.timeout is None:
+        return ""
+    enqueued = pending.since - (snap.publish_interval or 0.0)
+    if ended_by + CLOCK_SLACK_SECONDS < enqueued + pending.timeout:
+        return ""
+    return (f"its collective {pending.seq} of process group {pending.pg} had been in flight "
+            f"{snap.written - pending.since:.0f}s at its last snapshot, and the group's "
+            f"timeout is {pending.timeout:g}s")
+
+
+def _in_flight_long(snap: Snapshot, at: float) -> bool:
+    """Whether ``snap`` had a collective in flight for half its group's timeout by ``at``:
+    a rank that waited too, whose own timeout had not yet come."""
+    pending = snap.pending
+    return pending is not None and pending.timeout is not None \
+        and at - pending.since >= pending.timeout / 2
+
+
+def _stalled_waiting(snap: Snapshot, at: float, peers: _Peers) -> str:
     """How the rank waited, as of ``at``: stalled, and seen waiting in a collective (or
     backward's), or ahead of another rank in the flight recorder; or ""."""
     stall = _stall(snap, at)

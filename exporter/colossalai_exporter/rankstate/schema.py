@@ -64,6 +64,23 @@ class GroupProgress(msgspec.Struct, frozen=True, kw_only=True):
     op: str = ""
 
 
+class PendingCollective(msgspec.Struct, frozen=True, kw_only=True):
+    """The oldest collective this rank enqueued that has not completed, from the flight
+    recorder's status: what a process group's timeout runs against. NCCL's watchdog ends
+    a rank from C++, with no Python error, once one passes its group's timeout."""
+
+    #: the group as the recorder's status keys it (NCCL: its registered name; gloo: this
+    #: process's creation order, "0" the default group either way)
+    pg: str
+    #: its sequence number in the group
+    seq: int
+    #: when the monitor first saw it in flight (wall clock): up to one publish interval
+    #: after it was enqueued
+    since: float
+    #: the group's timeout, seconds (its backend's options); None where torch did not say
+    timeout: float | None = None
+
+
 class CheckpointState(msgspec.Struct, kw_only=True):
     in_flight: bool = False
     last_success: float | None = None
@@ -168,6 +185,8 @@ class Snapshot(msgspec.Struct, kw_only=True):
     activity: Activity | None = None
     #: while stalled: each process group's last enqueued collective (flight recorder)
     collectives: list[GroupProgress] | None = None
+    #: the oldest of its collectives in flight, while one is (flight recorder's status)
+    pending: PendingCollective | None = None
     #: how often the publisher writes: a reader knows when the next one is overdue
     publish_interval: float | None = None
     #: the publisher's samples of the training thread while training, and how many

@@ -17,6 +17,13 @@ buffer is off, need ``TORCH_FR_BUFFER_SIZE``. A stall's first read costs up
 to about 0.14 s with the buffer full (it names each group's last collective
 from the recorded entries), every later one about 10 us (bench/RESULTS.md).
 
+**In flight** (:class:`PendingReader`): the oldest collective this rank has
+enqueued and not completed, since when, and its group's timeout, read from the
+recorder's status at every publish. ProcessGroupNCCL's watchdog ends a rank whose
+collective outlives the timeout from C++, with no Python error: this is what
+tells that end apart from a kill (node/exits.py), and the rank that had nothing
+in flight from the ranks that waited for it.
+
 **Evidence** (:func:`dump`), when the run enabled the recorder explicitly:
 
 The flight recorder keeps the last collectives of every process group in a
@@ -45,7 +52,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from colossalai_exporter.rankstate.schema import GroupProgress
+from colossalai_exporter.rankstate.schema import GroupProgress, PendingCollective
 
 BUFFER_SIZE_VARIABLES = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 # Newest name first: torch 2.6 renamed the NCCL-specific dump to a generic one.
@@ -136,15 +143,8 @@ class ProgressReader:
         """None when the process has no initialised torch.distributed or its torch
         records nothing. Errors from torch propagate: the caller counts them as the
         monitor's own."""
-        distributed = sys.modules.get("torch.distributed")
-        c10d = sys.modules.get("torch._C._distributed_c10d")
-        if distributed is None or c10d is None or not distributed.is_initialized():
-            return None
-        for name in DUMP_FUNCTIONS:
-            function = getattr(c10d, name, None)
-            if function is not None:
-                break
-        else:
+        function = _dump_function()
+        if function is None:
             return None
         # Our own process's memory, pickled by torch: plain dicts, lists and strings.
         status = pickle.loads(function(includeCollectives=False, includeStackTraces=False,
@@ -157,6 +157,90 @@ class ProgressReader:
                                      onlyActive=False))
         self._status, self._groups = status, parse_progress(dump, group_members())
         return self._groups
+
+
+class PendingReader:
+    """The oldest collective this rank has in flight, read from the recorder's status at
+    every publish (about 6 us: no entries are read), and since when.
+
+    A group has a collective in flight while its last enqueued one is later than its last
+    completed one (gloo counts a collective that failed as completed; NCCL's watchdog
+    updates the count within about 100 ms of the GPU finishing it). The recorder keeps no
+    start time in its status, so the time is when this reader first saw that collective
+    in flight: up to one publish interval late. Each group's timeout comes from its
+    backend's options (``new_group`` without a timeout gets torch's default, not the one
+    ``init_process_group`` was given), read again only when the process's groups change.
+    """
+
+    def __init__(self) -> None:
+        self._first_seen: dict[tuple[str, int], float] = {}
+        self._timeouts: dict[str, float] = {}
+        self._groups_known = -1
+
+    def read(self, now: float) -> PendingCollective | None:
+        """None when nothing is in flight, or the process records nothing. Errors from
+        torch propagate: the caller counts them as the monitor's own."""
+        function = _dump_function()
+        if function is None:
+            return None
+        dump = pickle.loads(function(includeCollectives=False, includeStackTraces=False,
+                                     onlyActive=True))
+        status = dump.get("pg_status")
+        if not isinstance(status, Mapping):
+            return None
+        first_seen: dict[tuple[str, int], float] = {}
+        for key, group in status.items():
+            if not isinstance(group, Mapping):
+                continue
+            done = int(group.get("last_completed_collective", -1))
+            if int(group.get("last_enqueued_collective", -1)) > done:
+                oldest = (str(key), done + 1)
+                first_seen[oldest] = self._first_seen.get(oldest, now)
+        self._first_seen = first_seen
+        if not first_seen:
+            return None
+        (pg, seq), since = min(first_seen.items(), key=lambda item: item[1])
+        by_name = isinstance(dump.get("pg_config"), Mapping) and pg in dump["pg_config"]
+        return PendingCollective(pg=pg, seq=seq, since=since,
+                                 timeout=self._timeout(pg, by_name))
+
+    def _timeout(self, key: str, by_name: bool) -> float | None:
+        """The group's timeout in seconds: NCCL's status keys a group by its registered
+        name (its pg_config lists it), gloo's by this process's creation order."""
+        c10d = sys.modules.get("torch.distributed.distributed_c10d")
+        world = getattr(c10d, "_world", None)
+        names = getattr(world, "pg_names", None)
+        if not isinstance(names, Mapping):
+            return None
+        if len(names) != self._groups_known:
+            self._groups_known, self._timeouts = len(names), {}
+            for order, (group, name) in enumerate(names.items()):
+                seconds = _group_timeout(group)
+                if seconds is not None:
+                    self._timeouts[f"name:{name}"] = self._timeouts[f"order:{order}"] = seconds
+        return self._timeouts.get(f"name:{key}" if by_name else f"order:{key}")
+
+
+def _group_timeout(group: Any) -> float | None:
+    try:
+        backend = group._get_backend(group._device_types[0])
+        return float(backend.options._timeout.total_seconds())
+    except (AttributeError, IndexError, RuntimeError, TypeError):
+        return None  # a torch without backend options: the timeout is not known
+
+
+def _dump_function() -> Any:
+    """torch's flight recorder dump, where this process has an initialised
+    torch.distributed and its torch records; else None."""
+    distributed = sys.modules.get("torch.distributed")
+    c10d = sys.modules.get("torch._C._distributed_c10d")
+    if distributed is None or c10d is None or not distributed.is_initialized():
+        return None
+    for name in DUMP_FUNCTIONS:
+        function = getattr(c10d, name, None)
+        if function is not None:
+            return function
+    return None
 
 
 def group_members() -> dict[str, list[int]]:

@@ -162,6 +162,7 @@ class TrainingMonitor:
         self._pollers: list[Callable[[RankState], None]] = []
         # the flight recorder's groups, kept between reads: naming them is costly
         self._progress = flight_recorder.ProgressReader()
+        self._pending = flight_recorder.PendingReader()
         self._evidence = StallEvidence(self.rank, self._error)
         self._heartbeats = HeartbeatSender(
             self._state, settings.step_heartbeat_url, settings.checkpoint_heartbeat_url,
@@ -480,6 +481,13 @@ class TrainingMonitor:
         snap.publish_interval = self.settings.publish_interval
         try:
             snap.activity = activity.sample(self._training_thread)
+        except Exception as exc:
+            self._error("stacks", exc)
+        try:
+            # The oldest collective in flight, and since when: the agent tells a rank that
+            # NCCL's watchdog ended (past its group's timeout) from one killed. Every
+            # snapshot, stalled or not: a group's timeout can be shorter than the budget.
+            snap.pending = self._pending.read(snap.written)
         except Exception as exc:
             self._error("stacks", exc)
         if snap.stalled:
