@@ -104,7 +104,7 @@ def notification(index: int, rng: random.Random) -> dict[str, Any]:
         count = 1 + index % 8
     alertname, severity, summary = names[0]
     job = f"{rng.choice(['llama', 'gpt', 'opt', 'bloom'])}-{index % 97}"
-    alerts = []
+    alerts: list[dict[str, Any]] = []
     for n in range(count):
         labels = {"alertname": alertname, "severity": severity,
                   "job": job, "instance": f"node-{(index + n) % 64:02d}.gpu.internal:9466",

@@ -90,7 +90,7 @@ def report(view: str, fams: Iterable[Metric], ranks: int) -> None:
 def stored_series(prometheus3: str, port: int, work: Path) -> dict[str, int]:
     """Series a real Prometheus 3 stores for the server on ``port``, scraped as is
     (job "classic") and converted to NHCB (job "nhcb"), after both scraped it."""
-    jobs = [{"job_name": name, "scrape_interval": "1s",
+    jobs: list[dict[str, object]] = [{"job_name": name, "scrape_interval": "1s",
              "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}
             for name in ("classic", "nhcb")]
     jobs[1]["convert_classic_histograms_to_nhcb"] = True
@@ -157,7 +157,7 @@ def main() -> None:
         finally:
             monitor.close()
     outside = encode_openmetrics(families(snap, now=time.time(), outside=True)).decode()
-    report("node agent's view of the rank", om_parse(outside), args.ranks)
+    report("node agent's view of the rank", FORMATS["openmetrics"][1](outside), args.ranks)
 
 
 if __name__ == "__main__":

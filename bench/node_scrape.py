@@ -150,7 +150,7 @@ def with_fake_gpus(count: int, env: dict[str, str]) -> dict[str, str]:
             nvlink={"links": 18, "errors": {"replay": 0, "recovery": 0, "crc_flit": 0,
                                             "crc_data": 0}})
         for i in range(count)]}))
-    return fake_nvml_env(scenario, env)
+    return dict(fake_nvml_env(scenario, env))
 
 
 def fake_rdma_sysfs(count: int) -> Path:
