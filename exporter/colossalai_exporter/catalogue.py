@@ -281,9 +281,10 @@ RANKS: tuple[Metric, ...] = (
        "preemption, a cancel, torchrun stopping it after another rank failed, Ctrl-C), "
        "oom_killed (the kernel's OOM killer), failed (an exception of its own), "
        "peer_failed (an error saying another rank or the process group failed first, or "
-       "gone without a word while it waited in a collective past its budget: NCCL's "
-       "watchdog), hung (stalled outside any collective, then ended by a signal or gone: "
-       "the rank a hang waited for) or killed (gone with no error or signal recorded: "
+       "gone without a word with a collective in flight past its group's timeout, or "
+       "waiting past its budget: NCCL's watchdog), hung (outside any collective, then "
+       "ended by a signal or gone, after the ranks that waited for it stalled or timed "
+       "out: the rank a hang waited for) or killed (gone with no error or signal recorded: "
        "SIGKILL, a native crash); detail: "
        "the evidence in words (the signal, the error, the memory cgroup and RSS and "
        "whether the kernel log, the cgroup or /proc/vmstat told).",

@@ -35,19 +35,22 @@ gone at once), but in how each one ended:
     the process group's timeout ended the ranks that waited, or a scheduler's time
     limit). Evidence from another rank, because on a GPU a rank that waits for NCCL
     blocks in a CUDA sync of its own code, which samples as compute just as the hung
-    rank's does. Also a rank signalled while outside any collective after a rank of its
-    run on this node timed out waiting in one (gloo's error): the process group's
-    timeout was shorter than the step budget, so the run died before the hung rank
-    counted as stalled. The incident, though a signal ended it.
+    rank's does. Also a rank signalled while outside any collective, with nothing in
+    flight, after a rank of its run on this node timed out waiting in one (gloo's
+    error, or gone without a word past its collective's timeout: NCCL's watchdog): the
+    process group's timeout was shorter than the step budget, so the run died before
+    the hung rank counted as stalled. The incident, though a signal ended it.
 ``killed``
     it vanished with no error, no signal and no OOM kill recorded: SIGKILL from
     outside, a crash in native code, or an OOM kill no evidence could show.
 
-A rank that vanished without a word while it waited in a collective past its
-budget (seen waiting, or ahead of another rank in the flight recorder) is
-``peer_failed``: ProcessGroupNCCL's watchdog ends such a rank once its
-collective passes the process group's timeout (10 minutes by default), from C++,
-with SIGABRT and no Python error. It waited for the rank that hung.
+A rank that vanished without a word with a collective in flight past its group's
+timeout (the monitor publishes its oldest collective in flight and the group's
+timeout), or, where its monitor does not say, while it waited in a collective past
+its budget (seen waiting, or ahead of another rank in the flight recorder), is
+``peer_failed``: ProcessGroupNCCL's watchdog ends such a rank once its collective
+passes the process group's timeout (10 minutes by default), from C++, with SIGABRT
+and no Python error. It waited for the rank that hung.
 
 Each rank is judged once, when its process is first found gone, and the verdict
 is kept (a cgroup's OOM count compared later would blame it for another rank's
