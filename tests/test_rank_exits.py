@@ -402,7 +402,9 @@ def waiter(at: float = 1075.0, activity: Activity = IN_BACKWARD, **fields: objec
 
 
 def stopped(activity: Activity | None, at: float = 1075.0, **fields: object) -> Snapshot:
-    """Rank 1, stopped by SIGTERM at ``at``."""
+    """Rank 1, stopped by SIGTERM at ``at``, from a monitor that reads what it has in
+    flight (nothing, unless ``pending`` says)."""
+    fields.setdefault("in_flight_known", True)
     return hung_at(at, activity, interruption=Interruption(signal="SIGTERM", time=at),
                    **fields)
 
@@ -429,7 +431,16 @@ def test_a_signal_that_ends_the_rank_a_hang_waited_for_is_not_a_preemption() -> 
 ])
 def test_a_signal_after_a_hang_without_evidence_from_another_rank_is_a_stop(
         rank1: Snapshot, rank0: Snapshot) -> None:
-    assert verdicts(rank1, alive=(rank0,))[1] == ("interrupted", "received SIGTERM")
+    reason, detail = verdicts(rank1, alive=(rank0,))[1]
+    assert reason == "interrupted" and detail.startswith("received SIGTERM"), detail
+
+
+def test_a_stop_outside_any_collective_says_where_for_the_rules() -> None:
+    """Where the ranks that timed out waiting for it are on another node, the rules
+    name it from this (TrainingRankDown, the hang elsewhere)."""
+    assert verdicts(stopped(IN_COMPUTE, at=1030.0))[1] == ("interrupted", (
+        "received SIGTERM in compute at train.py:285 in step, outside any collective with "
+        "nothing in flight"))
 
 
 def progress(pg: str, enqueued: int) -> list[GroupProgress]:
@@ -570,6 +581,39 @@ def test_no_watchdog_end_without_a_collective_past_its_timeout(
     rank1 = stopped(IN_SYNC, at=1036.0, publish_interval=1.0, pending=rank1_pending)
     found = verdicts(rank0, rank1) if rank0_gone else verdicts(rank1, alive=(rank0,))
     assert (found.get(0, (None,))[0], found[1][0]) == reasons
+
+
+def collective_at_end(snap: Snapshot, *others: Snapshot) -> str:
+    return ExitJudge(None).scrape([], [snap, *others], lambda _: True)[snap.rank].collective
+
+
+@pytest.mark.parametrize(("snap", "state"), [
+    (snapshot(10, rank=0, phase="failed", last_error=error_record(
+        GLOO_TIMEOUT, "step", None, 1015.0)), "timed_out"),      # gloo's own timeout
+    (nccl_waiter(), "timed_out"),                                # NCCL's watchdog
+    (stopped(IN_BACKWARD), "waiting"),                           # seen waiting
+    (stopped(IN_SYNC, at=1036.0, pending=PendingCollective(
+        pg="0", seq=38, since=1006.0, timeout=30.0)), "waiting"),  # in flight 30 s
+    (stopped(IN_COMPUTE), "idle"),
+    (stopped(IN_SYNC, at=1036.0, pending=PendingCollective(
+        pg="0", seq=38, since=1030.0, timeout=30.0)), "idle"),   # in flight only 6 s
+    (stopped(IN_COMPUTE, in_flight_known=False), "unknown"),     # on a GPU: no telling
+    (stopped(None), "unknown"),
+    (snapshot(10, rank=0, phase="failed", last_error=error_record(
+        ValueError("batch 17 has 0 samples"), "step", None, 1015.0)), "unknown"),
+])
+def test_where_a_rank_stood_with_its_collectives_as_it_ended(snap: Snapshot,
+                                                             state: str) -> None:
+    """What the rules join across nodes (colossalai_rank_exit_info's ``collective``)."""
+    assert collective_at_end(snap) == state
+
+
+def test_without_the_recorders_status_a_stopped_rank_is_not_named() -> None:
+    """A torch that records nothing: a rank in a CUDA sync may have waited too."""
+    timed_out = snapshot(10, rank=0, phase="failed",
+                         last_error=error_record(GLOO_TIMEOUT, "step", None, 1015.0))
+    found = verdicts(timed_out, stopped(IN_SYNC, at=1016.0, in_flight_known=False))
+    assert found[1] == ("interrupted", "received SIGTERM")
 
 
 def test_an_oom_kill_after_a_hang_is_still_the_oom_kill(tmp_path: Path) -> None:

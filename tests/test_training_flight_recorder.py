@@ -162,6 +162,7 @@ def test_a_stalled_rank_behind_in_a_group_is_visible_from_its_snapshot(tmp_path:
     assert pending is not None and (pending.pg, pending.seq, pending.timeout) == ("0", 4, 120.0)
     assert snaps[0].created <= pending.since <= snaps[0].written
     assert snaps[1].pending is None, snaps[1].pending
+    assert snaps[0].in_flight_known and snaps[1].in_flight_known  # None: nothing in flight
 
 
 def test_progress_from_a_real_nccl_dump() -> None:
@@ -258,7 +259,9 @@ def test_in_flight_since_first_seen_with_its_groups_timeout(
         nccl_status(**{"0": (12, 12), "5": (4, 4)}),
     ], {"0": 600.0, "5": 1800.0})
     reader = flight_recorder.PendingReader()
+    assert not reader.readable
     assert reader.read(90.0) is None
+    assert reader.readable  # None said "nothing in flight"
     first = PendingCollective(pg="0", seq=11, since=100.0, timeout=600.0)
     assert reader.read(100.0) == first
     assert reader.read(110.0) == first

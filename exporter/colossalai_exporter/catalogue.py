@@ -287,8 +287,12 @@ RANKS: tuple[Metric, ...] = (
        "out: the rank a hang waited for) or killed (gone with no error or signal recorded: "
        "SIGKILL, a native crash); detail: "
        "the evidence in words (the signal, the error, the memory cgroup and RSS and "
-       "whether the kernel log, the cgroup or /proc/vmstat told).",
-       ("rank", "run", "reason", "detail"), component="ranks"),
+       "whether the kernel log, the cgroup or /proc/vmstat told); collective: where it "
+       "stood with its collectives as it ended: timed_out (its collective passed the "
+       "process group's timeout: the backend's error, or NCCL's watchdog), waiting (seen "
+       "waiting in one, or one in flight for half its group's timeout), idle (outside "
+       "any collective with nothing in flight), unknown.",
+       ("rank", "run", "reason", "detail", "collective"), component="ranks"),
     _m("colossalai_rank_snapshot_errors_total", "counter",
        "Reads of snapshot files in the run directory that could not be used, by reason: "
        "malformed (not JSON, truncated), invalid (a key missing or of the wrong type), "
@@ -396,6 +400,14 @@ TRAINING: tuple[Metric, ...] = (
        "stalled. In a stalled run, a rank behind the others of a group and ahead of none "
        "in any group is the one they wait for.",
        ("rank", "run", "pg", "pg_ranks", "op"), component="training"),
+    _m("colossalai_training_collective_in_flight_seconds", "gauge",
+       "How long the rank's oldest collective in flight (enqueued, not completed) has "
+       "been, from when the monitor first saw it (up to one publish interval late); 0 "
+       "when none is; absent where torch's flight recorder status cannot be read. Past "
+       "its process group's timeout, NCCL's watchdog ends the rank. A rank with nothing "
+       "in flight while another rank of its run timed out waiting in a collective is the "
+       "one it waited for.",
+       ("rank", "run"), component="training"),
     _m("colossalai_training_activity_samples_total", "counter",
        "Samples of the rank's training thread taken while training (about one a "
        "second, by the monitor's publisher thread).", ("rank",), component="training"),

@@ -53,7 +53,7 @@ INTERVAL = 1.0  # Prometheus' scrape and evaluation interval in the suite
 # run's TrainingStraggler paged after the case's deadline.
 RULES_OVERRIDE = """
 expected_jobs: [colossalai-node]
-thresholds: {training_slow_evaluation_interval: 1s}
+thresholds: {training_slow_evaluation_interval: 1s, hang_after_timeout_for: 3s}
 for:
   TrainingStalled: 5s
   TrainingHangSuspect: 0s

@@ -167,6 +167,22 @@ CASES = [
          ("is the rank the others wait for", "in inject_in_step while ",
           "other rank(s) wait in backward"), muted=("TrainingStalled",), nodes=2,
          release="current"),
+    # The same short timeout with the hung rank alone on its node, under launchers with
+    # static rendezvous (--master_addr): node 1's never learns that node 0's rank
+    # failed, and the hung rank lives on. No one agent sees both it and the rank that
+    # timed out waiting for it: the rules join them.
+    Case("hang-then-short-timeout-2-nodes", "two nodes of one rank each (two launchers "
+         "with static rendezvous, two node agents); rank 1, on node 1, frozen in compute; "
+         "the process group's 15 s timeout, shorter than the 40 s step budget, ends rank 0 "
+         "on node 0 before rank 1 counts as stalled; rank 1 lives on",
+         "hang_then_short_timeout", 1, ("TrainingHangSuspect",),
+         {"rank": "1", "cause": "others_timed_out", "instance": "<node 1's agent>"},
+         ("is the rank the others wait for: rank 0 on 127.0.0.1:", "timed out waiting for "
+          "a peer in a collective, and this rank, alive, has nothing in flight"),
+         # the rendezvous store went with node 0's launcher; rank 0, which died of the
+         # timeout, is not paged at all while the rank it waited for is named
+         muted=("NCCLRendezvousDown",), nodes=2, ranks=1,
+         release="current"),
     Case("data-stuck", "rank 1's data loader blocks (a read that never returns)",
          "data_stuck", 1, ("TrainingHangSuspect",),
          {"rank": "1", "cause": "outside_collective", "activity": "data"},

@@ -11,7 +11,9 @@ gone at once), but in how each one ended:
 ``interrupted``
     the rank received SIGTERM or SIGINT and recorded it (training/signals.py): a
     scheduler preempting or cancelling the job, torchrun stopping the ranks that
-    survived another's failure, Ctrl-C. Not an incident of its own.
+    survived another's failure, Ctrl-C. Not an incident of its own, unless it was the
+    rank the ranks that timed out on other nodes waited for: the rules join that
+    across nodes from :data:`COLLECTIVE_STATES`.
 ``oom_killed``
     the kernel's OOM killer ended it, or ended one of its DataLoader workers, after
     which the rank raised ("DataLoader worker (pid 4242) is killed by signal: Killed",
@@ -63,7 +65,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Final
 
 from colossalai_exporter.node.oom import (
@@ -92,13 +94,23 @@ SILENT_FLOOR_SECONDS: Final = 10.0
 _DATALOADER_WORKERS: Final = re.compile(r"DataLoader worker \(pid(?:\(s\))? ([\d, ]+)\)")
 
 
+#: Where a rank stood with its collectives when it ended (``colossalai_rank_exit_info``'s
+#: ``collective``): ``timed_out``, its collective passed the process group's timeout (the
+#: backend's error, or gone past it: NCCL's watchdog); ``waiting``, seen waiting in one,
+#: or one in flight for half its group's timeout; ``idle``, outside any collective with
+#: nothing in flight, both seen; else ``unknown``. What the rules join across nodes,
+#: where no one agent sees both the ranks that timed out and the rank they waited for.
+COLLECTIVE_STATES: Final = ("timed_out", "waiting", "idle", "unknown")
+
+
 @dataclass(frozen=True)
 class Exit:
-    """How a rank's process ended: a reason of the module docstring's, and a phrase
-    for the page."""
+    """How a rank's process ended: a reason of the module docstring's, a phrase for the
+    page, and where it stood with its collectives (:data:`COLLECTIVE_STATES`)."""
 
     reason: str
     detail: str = ""
+    collective: str = "unknown"
 
 
 @dataclass(frozen=True)
@@ -213,7 +225,9 @@ class ExitJudge:
             run = snap.info.get("run")
             peers = _Peers([s for s in everyone if s is not snap and s.info.get("run") == run],
                            gone, self._clock())
-            verdict = self._verdicts[key] = self._first_judgement(snap, foreign, peers)
+            ended = self._first_judgement(snap, foreign, peers)
+            verdict = self._verdicts[key] = replace(
+                ended, collective=_collective_at_end(snap, ended, peers.now))
         return verdict
 
     def _first_judgement(self, snap: Snapshot, foreign: bool, peers: _Peers) -> Exit:
@@ -227,6 +241,9 @@ class ExitJudge:
             if hang:
                 return Exit("hung", f"{hang}; then it {received} (torchrun stopping it once "
                                     "another rank ended, or the scheduler)")
+            if _idle(snap, at):
+                # what the rules need where the ranks that waited for it are elsewhere
+                received += f" {_where(snap)}, outside any collective with nothing in flight"
             return Exit("interrupted", received)
         kill = None if foreign else self._kill_of(snap.pid, snap)
         if kill is not None:
@@ -408,7 +425,7 @@ def _waited_for(snap: Snapshot, at: float, peers: _Peers) -> str:
     none, and its collective in flight past the timeout is the evidence. The ranks that
     waited are told from the one they waited for by that collective: on a GPU every
     rank's thread samples as compute."""
-    if snap.activity is None or _waits(snap) or _in_flight_long(snap, at):
+    if not _idle(snap, at):
         return ""
     for other in peers:
         timed_out = _timed_out(other, snap, at, peers)
@@ -458,6 +475,29 @@ def _outlived_its_timeout(snap: Snapshot, ended_by: float) -> str:
     return (f"its collective {pending.seq} of process group {pending.pg} had been in flight "
             f"{snap.written - pending.since:.0f}s at its last snapshot, and the group's "
             f"timeout is {pending.timeout:g}s")
+
+
+def _idle(snap: Snapshot, at: float) -> bool:
+    """Whether ``snap`` was outside any collective with nothing in flight (for half its
+    group's timeout) at ``at``, both seen: where it was sampled, and the recorder's
+    status read. On a GPU the first alone cannot tell: a rank that waits for NCCL
+    samples in a CUDA sync, as compute."""
+    return snap.activity is not None and not _waits(snap) and snap.in_flight_known \
+        and not _in_flight_long(snap, at)
+
+
+def _collective_at_end(snap: Snapshot, ended: Exit, now: float) -> str:
+    """Where the rank stood with its collectives when it ended (:data:`COLLECTIVE_STATES`)."""
+    at = snap.interruption.time if snap.interruption is not None else snap.written
+    error = snap.last_error
+    if snap.phase == "failed" and error is not None and timed_out_in_collective(error):
+        return "timed_out"
+    if ended.reason == "peer_failed" and snap.phase != "failed" \
+            and _outlived_its_timeout(snap, _latest_end(snap, now)):
+        return "timed_out"
+    if _waits(snap) or _in_flight_long(snap, at):
+        return "waiting"
+    return "idle" if _idle(snap, at) else "unknown"
 
 
 def _in_flight_long(snap: Snapshot, at: float) -> bool:

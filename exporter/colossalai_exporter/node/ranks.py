@@ -264,7 +264,7 @@ class RanksCollector:
         for snap in gone:
             ended = judged[snap.rank]
             exits.add_metric([str(snap.rank), snap.info.get("run", ""), ended.reason,
-                              ended.detail], {})
+                              ended.detail, ended.collective], {})
         served = training.families() if training.ranks else []  # no rank, no family
         return [up, age, stopped, alive_fam, exits, self._errors_family(), *served]
 

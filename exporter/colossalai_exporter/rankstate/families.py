@@ -37,6 +37,7 @@ _OUTSIDE = (
     "colossalai_kernel_build_last_failure_timestamp_seconds",
     "colossalai_training_last_error_info", "colossalai_training_last_error_timestamp_seconds",
     "colossalai_training_activity_info", "colossalai_training_collective_enqueued",
+    "colossalai_training_collective_in_flight_seconds",
     "colossalai_training_activity_samples_total",
     "colossalai_training_waiting_samples_total", "colossalai_gemini_oom_total",
     "colossalai_gemini_oom_last_timestamp_seconds",
@@ -121,6 +122,10 @@ class RankFamilies:
             for group in snap.collectives or ():
                 add("colossalai_training_collective_enqueued",
                     [rank, run, group.pg, group.ranks, group.op], group.enqueued)
+        if snap.in_flight_known:
+            pending = snap.pending
+            add("colossalai_training_collective_in_flight_seconds", [rank, run],
+                0.0 if pending is None else max(0.0, (now or snap.written) - pending.since))
         add("colossalai_training_activity_samples_total", [rank], snap.activity_samples)
         add("colossalai_training_waiting_samples_total", [rank], snap.waiting_samples)
         for device in DEVICES:  # each device from 0, so the first OOM is an increase

@@ -187,6 +187,9 @@ class Snapshot(msgspec.Struct, kw_only=True):
     collectives: list[GroupProgress] | None = None
     #: the oldest of its collectives in flight, while one is (flight recorder's status)
     pending: PendingCollective | None = None
+    #: whether the monitor could read the recorder's status: then ``pending`` None means
+    #: nothing is in flight (a torch that records nothing says nothing either way)
+    in_flight_known: bool = False
     #: how often the publisher writes: a reader knows when the next one is overdue
     publish_interval: float | None = None
     #: the publisher's samples of the training thread while training, and how many

@@ -102,6 +102,7 @@ class Thresholds(Section, frozen=True):
     disk_filling_lookback: Duration
     disk_filling_horizon: Duration
     disk_filling_for: Duration
+    hang_after_timeout_for: Duration
     checkpoint_interval: Duration
     restart_loop_restarts: int
     restart_loop_window: Duration

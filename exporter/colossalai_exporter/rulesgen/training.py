@@ -59,7 +59,7 @@ def training(config: RulesConfig) -> RuleFile:
         Recording(TROUBLED_RUN, troubled_runs()),
         Recording(LOST_RANKS, lost_ranks(node_agents, thresholds.node_lost_window)),
         stalled(rank_servers),
-        *hang_suspects(rank_servers, node_agents),
+        *hang_suspects(rank_servers, node_agents, thresholds.hang_after_timeout_for),
         startup_stuck(rank_servers, node_agents),
         checkpoint_stuck(rank_servers, node_agents),
         *rank_deaths(rank_servers, node_agents, thresholds.node_lost_window),

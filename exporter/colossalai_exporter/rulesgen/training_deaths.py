@@ -10,7 +10,9 @@ followed, whatever order a scrape found them gone in. A run whose every rank
 ended by a signal was stopped (a preemption, a cancel, Ctrl-C): no page, unless the
 signal ended a rank that had hung (``hung``: stalled outside any collective), which is
 the incident the run died of: after a hang the process group's timeout ends the
-waiting ranks and torchrun the hung one. A node
+waiting ranks and torchrun the hung one; or ended, outside any collective with nothing
+in flight, the rank that ranks on other nodes timed out waiting for
+(:func:`hung_elsewhere`). A node
 gone with its agent cannot say any of this: TrainingNodeLost names it from what
 Prometheus still sees.
 """
@@ -28,7 +30,9 @@ from colossalai_exporter.rulesgen.common import (
     TROUBLED_RUN,
     down,
     except_in_phase,
+    in_phase,
     nodes_dashboard,
+    phase_is,
     ranks_of_run,
     runs_with,
     snapshot_age,
@@ -60,6 +64,8 @@ NOT_CAUSE_EXITS = label_is("reason", "finished", "interrupted", "peer_failed", "
 EXPLAINING_EXITS = label_is("reason", "killed", "failed", "oom_killed", "interrupted",
                             "hung")
 OOM_KILLED = label_is("reason", "oom_killed")
+IN_FLIGHT = "colossalai_training_collective_in_flight_seconds"
+ENDED_PHASES = phase_is("finished", "failed")
 PEER_FAILED = label_is("reason", "peer_failed")
 FINISHED_EXIT = label_is("reason", "finished")
 UNFINISHED_EXITS = label_is_not("reason", "finished")
@@ -89,18 +95,24 @@ def _exit_detail() -> str:
 
 def _exits(node_agents: Selector, reasons: str) -> str:
     """The ranks that ended for ``reasons``, one series each (the detail dropped)."""
-    return block(node_agents(EXIT, reasons), "max without (reason, detail)")
+    return block(node_agents(EXIT, reasons), "max without (reason, detail, collective)")
 
 
 def killed_or_frozen(node_agents: Selector) -> Alert:
     """TrainingRankDown from the node agent's outside view: a rank killed, failed of its
     own error, hung then ended, or frozen; not one that finished, was stopped by a
     signal, failed because a peer did, or was OOM-killed (TrainingRankOOMKilled says
-    more)."""
+    more). A rank stopped by a signal is one only where it hung with the ranks that
+    waited for it on other nodes (:func:`hung_elsewhere`)."""
     how = with_first(
         EXIT, RANK,
         '{{ if eq .Labels.reason "failed" }}died of its own error: {{ .Labels.detail }}'
         '{{ else if eq .Labels.reason "hung" }}hung: {{ .Labels.detail }}'
+        '{{ else if eq .Labels.reason "interrupted" }}hung: '
+        f"{timed_out_ranks()} timed out waiting for a peer in a collective, and then this "
+        "rank {{ .Labels.detail }}: the rank the others waited for. The process group's "
+        "timeout is shorter than the step budget, so the run ended before any rank "
+        "counted as stalled"
         "{{ else }}was killed: {{ .Labels.detail }}{{ end }}",
         otherwise=("is not responding: its process is alive but has published nothing for "
                    f"{snapshot_age()} (frozen in a C call holding the GIL, or stopped)"))
@@ -108,7 +120,8 @@ def killed_or_frozen(node_agents: Selector) -> Alert:
             f"  {node_agents(EXIT, NOT_CAUSE_EXITS)}")
     return Alert(
         "TrainingRankDown",
-        with_run(except_in_phase(node_agents, gone, FINISHED), TROUBLED_RUN),
+        f"{with_run(except_in_phase(node_agents, gone, FINISHED), TROUBLED_RUN)}\n"
+        f"or\n{block(hung_elsewhere(node_agents))}",
         "critical", RANK_DOWN_SUMMARY,
         fill("Rank [[$rank]][[of_run]] on [[$instance]] [[how]].[[reach]]",
              how=how, reach=_down_in_run()),
@@ -139,6 +152,8 @@ def died_of_a_peer(node_agents: Selector) -> Alert:
         f"count by (run) ({node_agents(EXIT, EXPLAINING_EXITS)})",
         runs_with(with_run(frozen, TROUBLED_RUN)),
         runs_with(LOST_RANKS),
+        # the rank its timeout waited for, alive (TrainingHangSuspect names it)
+        runs_with(waited_for_by_timed_out(node_agents)),
     ))
     return Alert(
         "TrainingRankDown",
@@ -150,6 +165,51 @@ def died_of_a_peer(node_agents: Selector) -> Alert:
              "node agent, or at the network between the nodes.[[reach]]",
              detail=_exit_detail(), reach=_down_in_run()),
         nodes_dashboard(), cause="peer_failed")
+
+
+def hung_elsewhere(node_agents: Selector) -> str:
+    """The rank a hang waited for, where the ranks that waited are on other nodes:
+    stopped by a signal while outside any collective with nothing in flight, in a run
+    where a rank timed out waiting in a collective and no rank is known to have hung,
+    failed, or been killed.
+
+    What a hang looks like when the process group's timeout is shorter than the step
+    budget (the run dies before any rank counts as stalled) and the hung rank has no
+    rank that waited for it on its node: no one agent sees both, so the rules join them
+    (``collective``, node/exits.py). A preemption stops ranks in compute too, but times
+    nobody out: its staggered signals close connections."""
+    stopped_idle = label_is("reason", "interrupted") + "," + label_is("collective", "idle")
+    return in_runs_timed_out(node_agents, _exits(node_agents, stopped_idle))
+
+
+# A rank whose collective passed the process group's timeout (node/exits.py, collective).
+TIMED_OUT = label_is("reason", "peer_failed") + "," + label_is("collective", "timed_out")
+
+
+def in_runs_timed_out(node_agents: Selector, vector: str) -> str:
+    """``vector`` in runs where a rank timed out waiting in a collective, and no rank is
+    known to have hung, failed or been killed (whose own page explains the timeout)."""
+    explained = label_is("reason", "hung", "failed", "killed", "oom_killed")
+    return (f"{vector}\nand on (run)\n  count by (run) ({node_agents(EXIT, TIMED_OUT)})\n"
+            f"unless on (run)\n  count by (run) ({node_agents(EXIT, explained)})")
+
+
+def waited_for_by_timed_out(node_agents: Selector) -> str:
+    """The live ranks with nothing in flight (and not finished or failed), in runs where a
+    rank timed out waiting in a collective (:func:`in_runs_timed_out`): the ranks it
+    waited for (TrainingHangSuspect, cause others_timed_out)."""
+    idle = (f"{node_agents(IN_FLIGHT)} == 0\n"
+            f"unless on (job, instance, rank)\n  {down(node_agents)}\n"
+            f"unless on (job, instance, rank)\n  {in_phase(node_agents, ENDED_PHASES)}")
+    return in_runs_timed_out(node_agents, block(idle))
+
+
+def timed_out_ranks() -> str:
+    """"rank 0 on node-a:9466, rank 2 on node-b:9466": the ranks of the alert's run that
+    timed out waiting in a collective."""
+    ranks = printf_query(f"{EXIT}{{{TIMED_OUT},run=%q}}", "$labels.run")
+    return (f'{{{{ range $i, $r := {ranks} | sortByLabel "rank" }}}}{{{{ if $i }}}}, '
+            "{{ end }}rank {{ $r.Labels.rank }} on {{ $r.Labels.instance }}{{ end }}")
 
 
 def unscrapable(rank_servers: Selector, node_agents: Selector) -> Alert:

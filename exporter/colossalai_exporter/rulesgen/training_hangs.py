@@ -34,6 +34,7 @@ from colossalai_exporter.rulesgen.common import (
     training_dashboard,
     with_run,
 )
+from colossalai_exporter.rulesgen.config import Duration
 from colossalai_exporter.rulesgen.model import Alert, Recording
 from colossalai_exporter.rulesgen.promql import (
     Selector,
@@ -49,6 +50,7 @@ from colossalai_exporter.rulesgen.promql import (
     template_args,
     with_first,
 )
+from colossalai_exporter.rulesgen.training_deaths import timed_out_ranks, waited_for_by_timed_out
 
 WAITING = label_is("activity", *WAITING_ACTIVITIES)
 NOT_WAITING = label_is_not("activity", *WAITING_ACTIVITIES)
@@ -63,15 +65,15 @@ ENQUEUED = "colossalai_training_collective_enqueued"
 SUMMARY = "The rank a stalled training run is waiting for."
 
 
-def hang_suspects(rank_servers: Selector,
-                  node_agents: Selector) -> tuple[Alert | Recording, ...]:
+def hang_suspects(rank_servers: Selector, node_agents: Selector,
+                  after_timeout: Duration) -> tuple[Alert | Recording, ...]:
     """Every rule of the family, in the order the rule file lists them."""
     return (waiting_runs(rank_servers, node_agents),
             outside_collective(rank_servers, node_agents),
             not_responding(rank_servers, node_agents),
             nccl_problem(rank_servers, node_agents),
             collectives_behind(rank_servers, node_agents),
-            unreachable(node_agents))
+            unreachable(node_agents), others_timed_out(node_agents, after_timeout))
 
 
 def answering(view: Selector, vector: str) -> str:
@@ -296,6 +298,32 @@ def collectives_behind(rank_servers: Selector, node_agents: Selector) -> Alert:
              "[[behind_in]]; it waits in no process group.[[last_error]]",
              behind_in=_behind_in(), last_error=last_error()),
         training_dashboard(), cause="collectives_behind")
+
+
+def others_timed_out(node_agents: Selector, wait: Duration) -> Alert:
+    """TrainingHangSuspect for a live rank with nothing in flight, in a run where a rank
+    timed out waiting in a collective: the one it waited for.
+
+    A process group's timeout shorter than the step budget ends the waiting ranks
+    before any rank counts as stalled. On the hung rank's node, torchrun then stops it,
+    and the node agent judges it (``hung``, TrainingRankDown); but a launcher with
+    static rendezvous (``--master_addr``, ColossalAI's ``colossalai run``) on another
+    node never learns of the failure, and the hung rank lives on there. Nothing in
+    flight, from the flight recorder's status, tells it from the ranks that still wait:
+    on a GPU every rank's thread samples as compute. From start-up on too: a rank
+    loading a checkpoint for longer than the timeout while the others wait at a
+    barrier. Only once it has lived on for ``wait``: where the launcher does stop it,
+    it is gone within seconds, and TrainingRankDown names it from how it ended."""
+    return Alert(
+        "TrainingHangSuspect",
+        waited_for_by_timed_out(node_agents),
+        "critical", SUMMARY,
+        fill("Rank [[$rank]][[of_run]] on [[$instance]] is the rank the others wait for: "
+             "[[waiters]] timed out waiting for a peer in a collective, and this rank, alive, "
+             "has nothing in flight. The process group's timeout is shorter than the step "
+             "budget, so no rank counted as stalled first.[[last_error]]",
+             waiters=timed_out_ranks(), last_error=last_error()),
+        nodes_dashboard(), for_=wait, cause="others_timed_out")
 
 
 def _behind_in() -> str:

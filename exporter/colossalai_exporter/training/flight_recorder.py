@@ -173,6 +173,9 @@ class PendingReader:
     """
 
     def __init__(self) -> None:
+        #: whether the last read found the recorder's status: then None meant nothing in
+        #: flight, not "not known"
+        self.readable = False
         self._first_seen: dict[tuple[str, int], float] = {}
         self._timeouts: dict[str, float] = {}
         self._groups_known = -1
@@ -180,6 +183,7 @@ class PendingReader:
     def read(self, now: float) -> PendingCollective | None:
         """None when nothing is in flight, or the process records nothing. Errors from
         torch propagate: the caller counts them as the monitor's own."""
+        self.readable = False
         function = _dump_function()
         if function is None:
             return None
@@ -188,6 +192,7 @@ class PendingReader:
         status = dump.get("pg_status")
         if not isinstance(status, Mapping):
             return None
+        self.readable = True
         first_seen: dict[tuple[str, int], float] = {}
         for key, group in status.items():
             if not isinstance(group, Mapping):

@@ -488,6 +488,7 @@ class TrainingMonitor:
             # NCCL's watchdog ended (past its group's timeout) from one killed. Every
             # snapshot, stalled or not: a group's timeout can be shorter than the budget.
             snap.pending = self._pending.read(snap.written)
+            snap.in_flight_known = self._pending.readable
         except Exception as exc:
             self._error("stacks", exc)
         if snap.stalled:
