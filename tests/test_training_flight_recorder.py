@@ -248,26 +248,32 @@ def nccl_status(**groups: tuple[int, int]) -> dict[str, Any]:
 
 def test_in_flight_since_first_seen_with_its_groups_timeout(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """NCCL keys groups by name ("5" here is the second group this process made); a
-    collective is in flight from the read that first sees it until its group completes
-    it, and the oldest in flight is the one reported."""
+    """NCCL keys groups by name ("5" here is the second group this process made). A
+    group has work in flight while its last enqueued and last completed differ, since
+    the read that first sees it so after its last completion; the group in flight
+    longest is the one reported. NCCL numbers point-to-point work apart from
+    collectives: a pipeline's numbers interleave, and only the difference counts."""
     fake_torch(monkeypatch, [
         nccl_status(**{"0": (10, 10), "5": (3, 3)}),      # nothing in flight
         nccl_status(**{"0": (11, 10), "5": (3, 3)}),      # #11 of "0" from 100 s
-        nccl_status(**{"0": (12, 10), "5": (4, 3)}),      # still #11; "5"'s #4 from 110 s
-        nccl_status(**{"0": (12, 12), "5": (4, 3)}),      # "0" done: "5"'s #4 remains
+        nccl_status(**{"0": (12, 10), "5": (4, 3)}),      # "0" completed none since;
+        nccl_status(**{"0": (12, 12), "5": (4, 3)}),      # "5"'s #4 from 110 s
         nccl_status(**{"0": (12, 12), "5": (4, 4)}),
+        nccl_status(**{"0": (900, 12), "5": (4, 4)}),     # a send (p2p #900) from 140 s
+        nccl_status(**{"0": (13, 900), "5": (4, 4)}),     # it completed; collective #13
+        nccl_status(**{"0": (13, 13), "5": (4, 4)}),
     ], {"0": 600.0, "5": 1800.0})
     reader = flight_recorder.PendingReader()
     assert not reader.readable
     assert reader.read(90.0) is None
     assert reader.readable  # None said "nothing in flight"
-    first = PendingCollective(pg="0", seq=11, since=100.0, timeout=600.0)
-    assert reader.read(100.0) == first
-    assert reader.read(110.0) == first
-    assert reader.read(120.0) == PendingCollective(
-        pg="5", seq=4, since=110.0, timeout=1800.0)
+    assert reader.read(100.0) == PendingCollective(pg="0", seq=11, since=100.0, timeout=600.0)
+    assert reader.read(110.0) == PendingCollective(pg="0", seq=12, since=100.0, timeout=600.0)
+    assert reader.read(120.0) == PendingCollective(pg="5", seq=4, since=110.0, timeout=1800.0)
     assert reader.read(130.0) is None
+    assert reader.read(140.0) == PendingCollective(pg="0", seq=900, since=140.0, timeout=600.0)
+    assert reader.read(150.0) == PendingCollective(pg="0", seq=13, since=150.0, timeout=600.0)
+    assert reader.read(160.0) is None
 
 
 def test_gloo_status_is_keyed_by_creation_order(monkeypatch: pytest.MonkeyPatch) -> None:

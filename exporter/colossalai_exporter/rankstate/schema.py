@@ -65,17 +65,18 @@ class GroupProgress(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class PendingCollective(msgspec.Struct, frozen=True, kw_only=True):
-    """The oldest collective this rank enqueued that has not completed, from the flight
-    recorder's status: what a process group's timeout runs against. NCCL's watchdog ends
-    a rank from C++, with no Python error, once one passes its group's timeout."""
+    """Work this rank enqueued in a process group that has not completed, from the flight
+    recorder's status (training/flight_recorder.py, PendingReader): what the group's
+    timeout runs against. NCCL's watchdog ends a rank from C++, with no Python error,
+    once work passes its group's timeout."""
 
     #: the group as the recorder's status keys it (NCCL: its registered name; gloo: this
     #: process's creation order, "0" the default group either way)
     pg: str
-    #: its sequence number in the group
+    #: the sequence number of the work it enqueued last in the group
     seq: int
-    #: when the monitor first saw it in flight (wall clock): up to one publish interval
-    #: after it was enqueued
+    #: since when it has had work in flight there, completing none (wall clock, as the
+    #: monitor first saw it: up to one publish interval late)
     since: float
     #: the group's timeout, seconds (its backend's options); None where torch did not say
     timeout: float | None = None

@@ -161,13 +161,17 @@ class ProgressReader:
 
 class PendingReader:
     """The oldest collective this rank has in flight, read from the recorder's status at
-    every publish (about 6 us: no entries are read), and since when.
+    every publish (about 10 us: no entries are read), and since when.
 
-    A group has a collective in flight while its last enqueued one is later than its last
-    completed one (gloo counts a collective that failed as completed; NCCL's watchdog
-    updates the count within about 100 ms of the GPU finishing it). The recorder keeps no
-    start time in its status, so the time is when this reader first saw that collective
-    in flight: up to one publish interval late. Each group's timeout comes from its
+    The status gives, per group, the sequence numbers of the last work enqueued and of
+    the last completed (NCCL's watchdog notes a completion within about 100 ms of the
+    GPU finishing it; gloo counts a collective that failed as completed). While they
+    differ, the work enqueued last is in flight: NCCL numbers point-to-point work
+    apart from collectives, so a pipeline's numbers interleave, and only a difference
+    says something. The recorder keeps no start time in its status, so "since" is when
+    this reader first saw the group with work in flight after that last completion:
+    for work completed in order, when the oldest of it was enqueued, up to one publish
+    interval late; a completion starts it again. Each group's timeout comes from its
     backend's options (``new_group`` without a timeout gets torch's default, not the one
     ``init_process_group`` was given), read again only when the process's groups change.
     """
@@ -194,19 +198,22 @@ class PendingReader:
             return None
         self.readable = True
         first_seen: dict[tuple[str, int], float] = {}
+        enqueued: dict[str, int] = {}
         for key, group in status.items():
             if not isinstance(group, Mapping):
                 continue
+            last = int(group.get("last_enqueued_collective", -1))
             done = int(group.get("last_completed_collective", -1))
-            if int(group.get("last_enqueued_collective", -1)) > done:
-                oldest = (str(key), done + 1)
-                first_seen[oldest] = self._first_seen.get(oldest, now)
+            if last != done:
+                since_done = (str(key), done)
+                first_seen[since_done] = self._first_seen.get(since_done, now)
+                enqueued[str(key)] = last
         self._first_seen = first_seen
         if not first_seen:
             return None
-        (pg, seq), since = min(first_seen.items(), key=lambda item: item[1])
+        (pg, _), since = min(first_seen.items(), key=lambda item: item[1])
         by_name = isinstance(dump.get("pg_config"), Mapping) and pg in dump["pg_config"]
-        return PendingCollective(pg=pg, seq=seq, since=since,
+        return PendingCollective(pg=pg, seq=enqueued[pg], since=since,
                                  timeout=self._timeout(pg, by_name))
 
     def _timeout(self, key: str, by_name: bool) -> float | None:
