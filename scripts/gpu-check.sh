@@ -4,7 +4,8 @@
 # training loop under torch's sync debug mode with its loss read off the device
 # without a wait, a real CUDA out-of-memory, a real GeminiPlugin run whose loss
 # arrives and whose JIT kernel build shows as phase kernels; ColossalAI and the
-# wheels FACTS.md lists, with TORCH_CUDA_ARCH_LIST and MAX_JOBS set) and
+# wheels FACTS.md lists, with TORCH_CUDA_ARCH_LIST and MAX_JOBS set; NCCL's status
+# of work in flight, as the monitor reads it for the agent's watchdog verdicts) and
 # the node-agent benchmark with its gpu collector reading real GPUs. Needs the
 # test dependencies, torch with CUDA for the training tests, and
 # prometheus-node-exporter and promtool on PATH. Results go to DIR.
@@ -23,7 +24,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$out
 echo "== tests marked gpu"
 "$py" -m pytest -p no:cacheprovider -m gpu -v \
   tests/test_gpu_real_nvml.py tests/test_training_cuda.py tests/test_training_gemini_gpu.py \
-  tests/test_nccl_ras.py \
+  tests/test_nccl_ras.py tests/test_training_flight_recorder.py \
   2>&1 | tee "$out/pytest.log" || rc=1
 grep -q " skipped\| SKIPPED" "$out/pytest.log" && { echo "gpu-check: a gpu test was skipped"; rc=1; }
 

@@ -286,3 +286,56 @@ def test_gloo_status_is_keyed_by_creation_order(monkeypatch: pytest.MonkeyPatch)
     }], {"0": 120.0, "2": 1800.0})
     assert flight_recorder.PendingReader().read(5.0) == PendingCollective(
         pg="1", seq=9, since=5.0, timeout=1800.0)
+
+
+NCCL_IN_FLIGHT = textwrap.dedent("""
+    import datetime, json, sys, time
+    import torch
+    import torch.distributed as dist
+    from colossalai_exporter.training import flight_recorder
+
+    dist.init_process_group("nccl", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0,
+                            world_size=1, timeout=datetime.timedelta(seconds=90))
+    tensor = torch.ones(1 << 20, device="cuda")
+    dist.all_reduce(tensor)
+    torch.cuda.synchronize()
+    reader = flight_recorder.PendingReader()
+    found = {}
+
+    def settled(what):  # once NCCL's watchdog (a pass every ~100 ms) saw it all complete
+        deadline = time.monotonic() + 10
+        while reader.read(time.time()) is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        found[what] = [reader.read(time.time()) is None, reader.readable]
+
+    settled("idle")
+    torch.cuda._sleep(int(3e9))  # the GPU busy for a second or two: the all-reduce waits
+    dist.all_reduce(tensor)
+    first = reader.read(time.time())
+    time.sleep(0.3)
+    again = reader.read(time.time())
+    found["in_flight"] = [first is not None and first.seq >= 2, first and first.timeout,
+                          bool(first and again and again.since == first.since)]
+    torch.cuda.synchronize()
+    settled("done")
+    print(json.dumps(found))
+    dist.destroy_process_group()
+""")
+
+
+@pytest.mark.gpu
+def test_nccl_work_in_flight_is_read_from_its_status() -> None:
+    """On a real GPU: NCCL's status says when work is in flight (an all-reduce queued
+    behind a kernel that keeps the GPU busy), with the group's timeout, and nothing once
+    it completed: what tells the ranks that waited from the one they waited for, and a
+    watchdog's end from a kill (node/exits.py)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("no CUDA device here")
+    result = subprocess.run([sys.executable, "-c", NCCL_IN_FLIGHT, str(free_port())],
+                            env=cli_env(), capture_output=True, text=True, timeout=180,
+                            check=False)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    assert found == {"idle": [True, True], "in_flight": [True, 90.0, True],
+                     "done": [True, True]}, found
