@@ -68,9 +68,10 @@ TOPOLOGY = os.environ.get("TOPOLOGY", "booster")
 CHECKPOINT_DIR = Path(os.environ["CHECKPOINT_DIR"])
 STEP_SECONDS = 0.05  # stands in for the real work of a step
 # The hang_then_* faults' process group timeout: past the step budget, so the hang pages
-# first (and what it mutes fires, with room on a loaded machine). hang_then_short_timeout's
-# is within its budget (40 s, below): the run dies before the rank counts as stalled.
-PG_TIMEOUT = 15.0 if FAULT in ("hang_then_short_timeout", "hang_then_short_watchdog") else 30.0
+# first (and what it mutes fires, with room on a loaded machine). The short ones' is
+# within their budget (40 s, below): the run dies before the rank counts as stalled.
+SHORT_TIMEOUTS = ("hang_then_short_timeout", "hang_then_short_watchdog")
+PG_TIMEOUT = 15.0 if FAULT in SHORT_TIMEOUTS else 30.0
 WATCHDOGS = ("hang_then_watchdog", "hang_then_short_watchdog")
 HANGS = ("frozen_compute", "hang_then_timeout", "hang_then_short_timeout", *WATCHDOGS)
 CHECKPOINT_EVERY = int(os.environ.get("CHECKPOINT_EVERY", "50"))
@@ -158,8 +159,7 @@ def slow_kernel_loader() -> Any:
 # (its 4 ranks, agent and Prometheus restarts, on two cores): a starved CPU held a step
 # of its rank 0 for 10 s once, with two suites on the machine. Its budget leaves room
 # for that; its checkpoint's (5 s, against a 3 s checkpoint) is the point of the case.
-STEP_BUDGET = {"lifecycle": 20.0, "hang_then_short_timeout": 40.0,
-               "hang_then_short_watchdog": 40.0}.get(FAULT, 5.0)
+STEP_BUDGET = 40.0 if FAULT in SHORT_TIMEOUTS else {"lifecycle": 20.0}.get(FAULT, 5.0)
 
 
 def main() -> int:
