@@ -196,6 +196,57 @@ def test_an_uncaught_exception_fails_the_run_before_the_process_exits(tmp_path: 
     assert snap.error == "MemoryError: host allocation failed"
 
 
+def test_a_script_that_ends_without_finish_finishes_its_run_at_exit(tmp_path: Path) -> None:
+    """The interpreter's normal exit finishes the run (marked so), so the node agent does
+    not judge the vanished rank killed; a forked helper's exit does not."""
+    script = textwrap.dedent(f"""
+        import os, sys
+        from colossalai_exporter import TrainingMonitor
+        from pathlib import Path
+        from colossalai_exporter.rankstate.files import read_snapshot, snapshot_path
+        monitor = TrainingMonitor(serve="none", run_dir={str(tmp_path)!r},
+                                  publish_interval=3600, rank=0, world_size=1)
+        for _ in range(3):
+            monitor.step_done(0.01)
+        child = os.fork()
+        if child == 0:
+            sys.exit(0)  # a helper forked by the rank, exiting normally: atexit runs here
+        os.waitpid(child, 0)
+        monitor.step_done(0.01)  # published: the helper's exit must not have ended the run
+        print(read_snapshot(snapshot_path(Path({str(tmp_path)!r}), 0)).phase)
+    """)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "exporter")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["training"]
+    snap = on_disk(tmp_path)
+    assert (snap.phase, snap.finished_at_exit, snap.steps) == ("finished", True, 4)
+    assert snap.last_error is None
+
+
+def test_a_script_that_exits_after_an_error_it_caught_fails_its_run(tmp_path: Path) -> None:
+    script = textwrap.dedent(f"""
+        import sys
+        from colossalai_exporter import TrainingMonitor
+        monitor = TrainingMonitor(serve="none", run_dir={str(tmp_path)!r},
+                                  publish_interval=3600, rank=0, world_size=1)
+        monitor.step_done(0.01)
+        try:
+            with monitor.step():
+                raise ValueError("batch 17 has 0 samples")
+        except ValueError as exc:
+            sys.exit(f"giving up: {{exc}}")
+    """)
+    env = {**os.environ, "PYTHONPATH": str(REPO / "exporter")}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=60, check=False)
+    assert done.returncode == 1, done.stderr
+    snap = on_disk(tmp_path)
+    assert (snap.phase, snap.finished_at_exit) == ("failed", False)
+    assert snap.error == "ValueError: batch 17 has 0 samples"
+
+
 def test_colossalai_kernel_loads_are_watched_without_user_code(tmp_path: Path) -> None:
     require(importlib.util.find_spec("colossalai") is not None,
             "colossalai 0.5.0 (scripts/install-dev.sh)")

@@ -151,6 +151,9 @@ class Snapshot(msgspec.Struct, kw_only=True):
     phase: Phase
     phase_start: float
     error: str = ""
+    #: phase finished came from the interpreter's normal exit (the script ended without
+    #: monitor.finish()), not from finish()
+    finished_at_exit: bool = False
     kernels_ready: bool = False
     kernel_failures: int = 0
     #: when a kernel load or build last raised (absent before the first failure)

@@ -1,4 +1,5 @@
-"""The exception that ends the process: recorded before Python prints it and exits.
+"""How the process ends, recorded before it does: an uncaught exception, or a normal exit
+with the run neither finished nor failed.
 
 A training script that does not wrap its loop in ``with TrainingMonitor()``
 still dies of an uncaught exception (an out-of-memory error in
@@ -11,13 +12,21 @@ previous hook, so the traceback is printed exactly as before. torchrun's
 
 Only the main thread's hook: an exception ending another thread does not end
 the run.
+
+A script that ends without ``monitor.finish()`` (its loop ran out, ``sys.exit()``)
+exits normally: :mod:`atexit` then ends each started monitor's run
+(``TrainingMonitor._exiting``), so that the node agent reads a normal end and not a
+process that vanished without a word (which it must judge killed). Not after a signal
+(the rank records that itself) nor ``os._exit``, which runs no handler.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import sys
 import threading
+import weakref
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +36,10 @@ if TYPE_CHECKING:
 _lock = threading.Lock()
 _monitors: list[TrainingMonitor] = []
 _previous: list[Any] = []  # the hook this one replaced, while installed
+# Every monitor started in this process, closed or not: a script that calls close()
+# without finish() still ends its run normally at exit. Weak: a monitor dropped is gone.
+_started: weakref.WeakSet[TrainingMonitor] = weakref.WeakSet()
+_exit_hook_installed = [False]
 
 
 def _hook(exc_type: type[BaseException], exc: BaseException,
@@ -40,8 +53,20 @@ def _hook(exc_type: type[BaseException], exc: BaseException,
     (_previous[0] if _previous else sys.__excepthook__)(exc_type, exc, tb)
 
 
+def _at_exit() -> None:
+    with _lock:
+        monitors = list(_started)
+    for monitor in monitors:
+        with contextlib.suppress(Exception):  # the interpreter is ending: nothing to raise to
+            monitor._exiting()
+
+
 def attach(monitor: TrainingMonitor) -> None:
     with _lock:
+        _started.add(monitor)
+        if not _exit_hook_installed[0]:
+            atexit.register(_at_exit)
+            _exit_hook_installed[0] = True
         if sys.excepthook is not _hook:
             _previous[:] = [sys.excepthook]
             sys.excepthook = _hook

@@ -325,6 +325,25 @@ class TrainingMonitor:
         """The run failed: phase "failed" with the reason; OOMs in ``exc`` are counted."""
         self._phases.fail(exc)
 
+    def _exiting(self) -> None:
+        """The interpreter exits normally (training/fatal.py) with the run neither finished
+        nor failed: the script ended without ``finish()``. An error recorded after the last
+        completed step is what ended it (caught, then ``sys.exit(1)``): the run failed of
+        it. Otherwise it finished, marked as ended by the exit: a rank whose loop ran out
+        of data before the others' is named by what they were left doing (docs/rules.md).
+        Not after a signal: the rank recorded that (training/signals.py)."""
+        state = self._state
+        if os.getpid() != state.pid:
+            return  # a forked child (a helper of the rank's) exiting: not the rank
+        if state.phase in ("finished", "failed") or state.interruption is not None:
+            return
+        error = state.last_error
+        if error is not None and (state.last_step is None or error.time >= state.last_step):
+            self._phases.fail(f"{error.type}: {error.message}")
+            return
+        state.finished_at_exit = True
+        self._phases.finish()
+
     def _interrupted(self, name: str) -> None:
         """SIGTERM or SIGINT arrived (training/signals.py): say so before it ends the rank."""
         state = self._state

@@ -85,12 +85,13 @@ class RankState:
     __slots__ = ("activity_samples", "async_writers", "checkpoint_duration",
                  "checkpoint_failures", "checkpoint_last_failure", "checkpoint_last_step",
                  "checkpoint_last_success", "checkpointed", "checkpointing", "created",
-                 "d2h_bytes", "duration_sum", "error", "gemini_chunk_memory", "h2d_bytes",
-                 "heartbeats", "hist", "info", "interruption", "kernel_failures",
-                 "kernel_last_failure", "kernels_ready", "last_error", "last_step",
-                 "local_rank", "loss", "monitor_errors", "oom", "oom_last", "phase",
-                 "phase_start", "pid", "pid_ns", "pid_start", "productive", "rank", "recent",
-                 "samples", "stalls", "steps", "tokens", "waiting_samples", "world_size")
+                 "d2h_bytes", "duration_sum", "error", "finished_at_exit",
+                 "gemini_chunk_memory", "h2d_bytes", "heartbeats", "hist", "info",
+                 "interruption", "kernel_failures", "kernel_last_failure", "kernels_ready",
+                 "last_error", "last_step", "local_rank", "loss", "monitor_errors", "oom",
+                 "oom_last", "phase", "phase_start", "pid", "pid_ns", "pid_start",
+                 "productive", "rank", "recent", "samples", "stalls", "steps", "tokens",
+                 "waiting_samples", "world_size")
 
     def __init__(self, rank: int, local_rank: int, world_size: int, pid: int,
                  pid_start: float | None, now: float | None = None,
@@ -107,6 +108,7 @@ class RankState:
         self.phase_start = now
         self.kernels_ready = False
         self.error = ""  # why the run failed, set by fail()
+        self.finished_at_exit = False  # finished by a normal exit, not by finish()
         # The last exception the monitor saw leave a step, checkpoint, kernel load or the
         # run: {"time", "where", "type", "device", "message"}; what a page names as cause.
         self.last_error: LastError | None = None
@@ -174,6 +176,7 @@ class RankState:
             pid=self.pid, pid_start=self.pid_start, pid_ns=self.pid_ns,
             created=self.created, written=now,
             phase=phase, phase_start=phase_start, error=self.error,  # type: ignore[arg-type]
+            finished_at_exit=self.finished_at_exit,
             kernels_ready=self.kernels_ready, kernel_failures=self.kernel_failures,
             kernel_last_failure=self.kernel_last_failure,
             last_error=error,  # replaced whole, never changed in place
