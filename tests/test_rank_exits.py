@@ -58,6 +58,14 @@ RANK = textwrap.dedent("""
     if mode == "finish":
         monitor.finish()
         sys.exit(0)
+    if mode == "exit_unfinished":
+        sys.exit(0)  # the script's end, without monitor.finish()
+    if mode == "caught_then_exit":
+        try:
+            with monitor.step():
+                raise ValueError("batch 17 has 0 samples")
+        except ValueError:
+            sys.exit(1)  # the script's own handling: a message, then a failed exit
     if mode == "own_error":
         with monitor.step():
             raise ValueError("batch 17 has 0 samples")
@@ -119,16 +127,17 @@ def ranks() -> Iterator[list[subprocess.Popen[bytes]]]:
 def test_each_way_a_rank_ends_is_told_apart(tmp_path: Path,
                                             ranks: list[subprocess.Popen[bytes]]) -> None:
     """Killed, finished, failed of its own error, failed of a peer's, stopped by SIGTERM
-    (also while its main thread waits in C), and a script's own SIGTERM handler that lets
-    it train on: each rank's exit_info as the node agent serves it."""
+    (also while its main thread waits in C), a script's own SIGTERM handler that lets
+    it train on, a script that ends without finish(), and one that catches an error and
+    exits 1: each rank's exit_info as the node agent serves it."""
     run_dir = tmp_path / "run"
     kernel_log = tmp_path / "kmsg"
     kernel_log.write_text("")  # a readable kernel log without OOM kills
     modes = ["kill", "finish", "own_error", "peer_error", "term", "blocked", "own_handler",
-             "handler_after"]
+             "handler_after", "exit_unfinished", "caught_then_exit"]
     for rank, mode in enumerate(modes):
         ranks.append(start(run_dir, rank, mode))
-    kill, finish, own, peer, term, blocked, handler, handler_after = ranks
+    kill, finish, own, peer, term, blocked, handler, handler_after, unfinished, caught = ranks
     collector = RanksCollector(run_dir, exits=ExitJudge(KernelLog(str(kernel_log))))
     collector.collect(time.monotonic() + 5)  # every rank seen alive first
 
@@ -137,6 +146,8 @@ def test_each_way_a_rank_ends_is_told_apart(tmp_path: Path,
     assert ended(finish) == 0
     assert ended(own) == 1
     assert ended(peer) == 1
+    assert ended(unfinished) == 0
+    assert ended(caught) == 1
     for proc in (term, blocked, handler, handler_after):
         proc.send_signal(signal.SIGTERM)
     # The default action is kept: the process ends by the signal, promptly, even with its
@@ -152,14 +163,19 @@ def test_each_way_a_rank_ends_is_told_apart(tmp_path: Path,
     assert exits["0"] == ("killed", "its process vanished with no error, no signal recorded "
                                     "and no OOM kill in the kernel log: SIGKILL from outside, "
                                     "or a crash in native code")
-    assert exits["1"] == ("finished", "")
+    assert exits["1"] == ("finished", "called monitor.finish() after step 3")
     assert exits["2"] == ("failed", "ValueError: batch 17 has 0 samples")
     assert exits["3"][0] == "peer_failed" and "Connection closed by peer" in exits["3"][1]
     assert exits["4"] == ("interrupted", "received SIGTERM")
     assert exits["5"] == ("interrupted", "received SIGTERM")
     # It received SIGTERM and kept training: the signal ended nothing; it then exited
-    # without finish(), which is what "killed" means from outside.
-    assert exits["6"][0] == exits["7"][0] == "killed"
+    # normally without finish(): its run ended there (interpreter exit, training/fatal.py).
+    at_exit = ("without calling monitor.finish() (the end of its script, or sys.exit())")
+    for rank in "67":
+        assert exits[rank][0] == "finished" and exits[rank][1].endswith(at_exit)
+    assert exits["8"] == ("finished", f"exited normally after step 3 {at_exit}")
+    # An error recorded after its last step, then a normal exit: the error ended it.
+    assert exits["9"] == ("failed", "ValueError: batch 17 has 0 samples")
     assert read_snapshot(snapshot_path(run_dir, 6)).interruption is None
     assert all(s.labels["run"] for f in families if f.name == "colossalai_rank_exit"
                for s in f.samples)

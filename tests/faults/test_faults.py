@@ -245,6 +245,23 @@ CASES = [
     Case("clean-finish", "the run completes: every rank calls monitor.finish() at the same "
          "step and exits 0; the rank server's static target stays", "finish", -1, (),
          quiet=20.0, release="current"),
+    Case("finish-early", "rank 1's data runs out a step before rank 0's (an uneven shard): "
+         "its loop ends, it calls monitor.finish() and exits 0, while rank 0 goes on into "
+         "the next step's all-reduce and fails on rank 1's closed connection",
+         "finish_early", 1, ("TrainingRankDown",), {"rank": "1", "cause": "process"},
+         ("left the run early: it called monitor.finish() after step ",
+          "while rank 0 on ", "still waited for it in a collective")),
+    Case("finish-early-held", "rank 1's data runs out a step before rank 0's and it exits 0 "
+         "after monitor.finish(), while rank 0 waits in the next step's all-reduce as NCCL "
+         "within a node does (no connection to close: a stand-in, rank 1's sockets held "
+         "open by a child)", "finish_early_held", 1, ("TrainingHangSuspect",),
+         {"rank": "1", "cause": "left_early"},
+         ("is the rank the others wait for: it left the run early: it called "
+          "monitor.finish() after step ", "while the ranks it left (rank 0 on "),
+         muted=("TrainingStalled",), release="current"),
+    Case("exit-unfinished", "the run completes in a script that never calls monitor.finish(): "
+         "every rank's loop ends at the same step and the script exits 0", "exit_unfinished",
+         -1, (), quiet=20.0, release="current"),
     Case("pipeline-hang", "2-stage pipeline (dist.send/recv), stage 0 frozen in compute; stage "
          "1 waits in recv", "frozen_compute", 0, ("TrainingHangSuspect",),
          {"rank": "0", "cause": "outside_collective"},
@@ -396,7 +413,7 @@ def inject(stack: Stack, case: Case, cgroup: Path | None) -> float:
                    timeout=60, interval=0.2, what="the recovery action in Alertmanager")
         os.kill(pids[case.rank], signal.SIGSTOP)
         return at
-    if case.fault == "finish":
+    if case.fault in ("finish", "exit_unfinished"):
         # Every rank ends at the same step, as a real loop's end makes them.
         furthest = max(stack.job_of(r).snapshot(r).steps for r in ranks)
         (stack.tmp / "checkpoints" / "at-step").write_text(str(furthest + 20))

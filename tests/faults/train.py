@@ -231,6 +231,15 @@ def main() -> int:
                 time.sleep(3)
             with monitor.evaluation():
                 time.sleep(STEP_BUDGET + 3)
+        if armed.is_set() and FAULT in ("finish_early", "finish_early_held") and mine:
+            # This rank's data ran out a step before the others' (an uneven shard): its
+            # loop ends, and the run is finished as `with TrainingMonitor()` finishes it.
+            monitor.finish()
+            if FAULT == "finish_early_held":
+                hold_connections_open()
+            return 0
+        if armed.is_set() and FAULT == "exit_unfinished" and step == planned_step():
+            return 0  # the loop's end, in a script that never calls monitor.finish()
         fault_now = (armed.is_set() and mine) or hang_after_checkpoint.is_set()
         try:
             with monitor.step(samples=16) as current:
@@ -289,6 +298,17 @@ def nccl_watchdog(rank: int) -> None:
                       f"{entry['timeout_ms']}) ran for {waited_ms:.0f} milliseconds before "
                       "timing out.", file=sys.stderr, flush=True)
                 os.abort()
+
+
+def hold_connections_open() -> None:
+    """What NCCL within a node does when a peer process ends: nothing its peers can see
+    (shared memory and CUDA IPC have no connection to close), so they wait in their
+    collective until the process group's timeout. gloo sees a closed socket at once; a
+    child that inherits the rank's sockets and outlives it keeps them open, for a
+    bounded time (it ends by itself)."""
+    if os.fork() == 0:
+        time.sleep(120)
+        os._exit(0)
 
 
 def save(booster: Any, model: Any, path: Path) -> None:

@@ -7,7 +7,11 @@ ranks is the incident is not in the order they vanished (a scrape sees them all
 gone at once), but in how each one ended:
 
 ``finished``
-    the run completed (phase finished).
+    the run completed (phase finished): ``monitor.finish()``, or a normal exit of the
+    interpreter without it (the script's end, ``sys.exit()``). Not an incident, unless
+    ranks of its run were left waiting for it in a collective: its loop ran fewer steps
+    than theirs (the rules join that across nodes, with the step it finished after in
+    the detail).
 ``interrupted``
     the rank received SIGTERM or SIGINT and recorded it (training/signals.py): a
     scheduler preempting or cancelling the job, torchrun stopping the ranks that
@@ -111,6 +115,15 @@ class Exit:
     reason: str
     detail: str = ""
     collective: str = "unknown"
+
+
+def _how_it_finished(snap: Snapshot) -> str:
+    """"called monitor.finish() after step 500": the detail a page quotes for a rank that
+    left its run early (docs/rules.md)."""
+    if snap.finished_at_exit:
+        return (f"exited normally after step {snap.steps} without calling monitor.finish() "
+                "(the end of its script, or sys.exit())")
+    return f"called monitor.finish() after step {snap.steps}"
 
 
 @dataclass(frozen=True)
@@ -233,7 +246,7 @@ class ExitJudge:
     def _first_judgement(self, snap: Snapshot, foreign: bool, peers: _Peers) -> Exit:
         """``peers``: the other ranks of its run on this node, alive or gone, as last seen."""
         if snap.phase == "finished":
-            return Exit("finished")
+            return Exit("finished", _how_it_finished(snap))
         if snap.interruption is not None:
             received = f"received {snap.interruption.signal}"
             at = snap.interruption.time

@@ -19,7 +19,9 @@ Prometheus still sees.
 
 from __future__ import annotations
 
+from colossalai_exporter.rankstate.schema import WAITING as WAITING_ACTIVITIES
 from colossalai_exporter.rulesgen.common import (
+    ACTIVITY,
     AGENT_RANKS,
     FINISHED,
     INFO,
@@ -70,6 +72,7 @@ PEER_FAILED = label_is("reason", "peer_failed")
 FINISHED_EXIT = label_is("reason", "finished")
 UNFINISHED_EXITS = label_is_not("reason", "finished")
 RANK_DOWN_SUMMARY = "A training rank's process is gone or has stopped publishing its state."
+WAITING = label_is("activity", *WAITING_ACTIVITIES)
 
 
 def rank_deaths(rank_servers: Selector, node_agents: Selector,
@@ -103,11 +106,16 @@ def killed_or_frozen(node_agents: Selector) -> Alert:
     own error, hung then ended, or frozen; not one that finished, was stopped by a
     signal, failed because a peer did, or was OOM-killed (TrainingRankOOMKilled says
     more). A rank stopped by a signal is one only where it hung with the ranks that
-    waited for it on other nodes (:func:`hung_elsewhere`)."""
+    waited for it on other nodes (:func:`hung_elsewhere`), and a rank that finished only
+    where the ranks it left waiting failed of it (:func:`left_early`)."""
     how = with_first(
         EXIT, RANK,
         '{{ if eq .Labels.reason "failed" }}died of its own error: {{ .Labels.detail }}'
         '{{ else if eq .Labels.reason "hung" }}hung: {{ .Labels.detail }}'
+        '{{ else if eq .Labels.reason "finished" }}left the run early: it '
+        "{{ .Labels.detail }}, while "
+        f"{listed_ranks(node_agents(EXIT, PEER_FAILED + ',run=%q'))} still waited for it in "
+        f"a collective, and failed when it left. {UNEVEN_STEPS}"
         '{{ else if eq .Labels.reason "interrupted" }}hung: '
         f"{timed_out_ranks()} timed out waiting for a peer in a collective, and then this "
         "rank {{ .Labels.detail }}: the rank the others waited for. The process group's "
@@ -118,10 +126,11 @@ def killed_or_frozen(node_agents: Selector) -> Alert:
                    f"{snapshot_age()} (frozen in a C call holding the GIL, or stopped)"))
     gone = (f"{down(node_agents)}\nunless on (job, instance, rank)\n"
             f"  {node_agents(EXIT, NOT_CAUSE_EXITS)}")
+    left_them_failing = left_early(node_agents, node_agents(EXIT, PEER_FAILED))
     return Alert(
         "TrainingRankDown",
         f"{with_run(except_in_phase(node_agents, gone, FINISHED), TROUBLED_RUN)}\n"
-        f"or\n{block(hung_elsewhere(node_agents))}",
+        f"or\n{block(hung_elsewhere(node_agents))}\nor\n{block(left_them_failing)}",
         "critical", RANK_DOWN_SUMMARY,
         fill("Rank [[$rank]][[of_run]] on [[$instance]] [[how]].[[reach]]",
              how=how, reach=_down_in_run()),
@@ -154,6 +163,8 @@ def died_of_a_peer(node_agents: Selector) -> Alert:
         runs_with(LOST_RANKS),
         # the rank its timeout waited for, alive (TrainingHangSuspect names it)
         runs_with(waited_for_by_timed_out(node_agents)),
+        # a rank that left the run early, which it waited for (left_early)
+        f"count by (run) ({node_agents(EXIT, FINISHED_EXIT)})",
     ))
     return Alert(
         "TrainingRankDown",
@@ -180,6 +191,49 @@ def hung_elsewhere(node_agents: Selector) -> str:
     nobody out: its staggered signals close connections."""
     stopped_idle = label_is("reason", "interrupted") + "," + label_is("collective", "idle")
     return in_runs_timed_out(node_agents, _exits(node_agents, stopped_idle))
+
+
+# Why a rank leaves its run while the others still wait for it (left_early).
+UNEVEN_STEPS = ("Its loop ran fewer steps than theirs: uneven data across ranks (a sampler "
+                "or a sharded dataset that gives ranks different numbers of batches), or a "
+                "loop that ends on one rank only (a time limit, a break, an exception "
+                "caught there)")
+
+
+def stalled_waiting(node_agents: Selector, run_from: str = TROUBLED_RUN) -> str:
+    """The live ranks that are stalled with a collective in flight, or sampled waiting in
+    one (on a GPU a rank waiting for NCCL samples as compute in a CUDA sync: its work in
+    flight says it), with their run (joined from ``run_from``)."""
+    stalled = (f"{stalled_now(node_agents)}\nunless on (job, instance, rank)\n"
+               f"  {down(node_agents)}\nand on (job, instance, rank)\n"
+               f"  ({node_agents(ACTIVITY, WAITING)} or {node_agents(IN_FLIGHT)} > 0)")
+    return with_run(stalled, run_from)
+
+
+def left_early(node_agents: Selector, waiting: str) -> str:
+    """The ranks that finished (``monitor.finish()``, or their script's end) in runs
+    where ranks of ``waiting`` were left waiting for them, and no rank hung, failed, or
+    was killed (whose own page explains the waiting).
+
+    Its loop ran fewer steps than the others': the classic uneven-data end of a
+    data-parallel run. The ranks it leaves fail on its closed connections (gloo; NCCL
+    across nodes: TrainingRankDown), or wait until the process group's timeout (NCCL
+    within a node: TrainingHangSuspect, then TrainingRankDown once the watchdog ends
+    them). A healthy end leaves nobody waiting: every rank finishes after the same
+    step."""
+    explained = label_is("reason", "hung", "failed", "killed", "oom_killed")
+    return (f"{_exits(node_agents, FINISHED_EXIT)}\n"
+            f"and on (run)\n{block(waiting, 'count by (run)')}\n"
+            f"unless on (run)\n  count by (run) ({node_agents(EXIT, explained)})")
+
+
+def listed_ranks(promql: str) -> str:
+    """"rank 0 on node-a:9466, rank 2 on node-b:9466": the ranks ``promql`` returns, a
+    printf format of one ``%q``, the alert's run."""
+    one_line = " ".join(promql.split())  # a Go string literal has no line breaks
+    ranks = printf_query(one_line, " ".join(["$labels.run"] * one_line.count("%q")))
+    return (f'{{{{ range $i, $r := {ranks} | sortByLabel "rank" }}}}{{{{ if $i }}}}, '
+            "{{ end }}rank {{ $r.Labels.rank }} on {{ $r.Labels.instance }}{{ end }}")
 
 
 # A rank whose collective passed the process group's timeout (node/exits.py, collective).

@@ -50,7 +50,15 @@ from colossalai_exporter.rulesgen.promql import (
     template_args,
     with_first,
 )
-from colossalai_exporter.rulesgen.training_deaths import timed_out_ranks, waited_for_by_timed_out
+from colossalai_exporter.rulesgen.training_deaths import (
+    EXIT,
+    UNEVEN_STEPS,
+    left_early,
+    listed_ranks,
+    stalled_waiting,
+    timed_out_ranks,
+    waited_for_by_timed_out,
+)
 
 WAITING = label_is("activity", *WAITING_ACTIVITIES)
 NOT_WAITING = label_is_not("activity", *WAITING_ACTIVITIES)
@@ -73,7 +81,8 @@ def hang_suspects(rank_servers: Selector, node_agents: Selector,
             not_responding(rank_servers, node_agents),
             nccl_problem(rank_servers, node_agents),
             collectives_behind(rank_servers, node_agents),
-            unreachable(node_agents), others_timed_out(node_agents, after_timeout))
+            unreachable(node_agents), others_timed_out(node_agents, after_timeout),
+            left_behind(node_agents))
 
 
 def answering(view: Selector, vector: str) -> str:
@@ -324,6 +333,25 @@ def others_timed_out(node_agents: Selector, wait: Duration) -> Alert:
              "budget, so no rank counted as stalled first.[[last_error]]",
              waiters=timed_out_ranks(), last_error=last_error()),
         nodes_dashboard(), for_=wait, cause="others_timed_out")
+
+
+def left_behind(node_agents: Selector) -> Alert:
+    """TrainingHangSuspect for a rank that finished while ranks of its run, alive, wait
+    for it in a collective (training_deaths.left_early): its loop ran fewer steps than
+    theirs. NCCL within a node does not see a peer process end: the ranks it left wait
+    until the process group's timeout (10 minutes by default), stalled, and this names
+    the rank they wait for meanwhile. A finished rank is gone; its node agent still
+    reports how it ended."""
+    waiters = listed_ranks(stalled_waiting(node_agents, TROUBLED_RUN + "{run=%q}"))
+    return Alert(
+        "TrainingHangSuspect",
+        left_early(node_agents, stalled_waiting(node_agents)),
+        "critical", SUMMARY,
+        fill("Rank [[$rank]][[of_run]] on [[$instance]] is the rank the others wait for: it "
+             "left the run early: it [[detail]], while the ranks it left ([[waiters]]) wait "
+             f"for it in a collective, stalled. {UNEVEN_STEPS}.",
+             detail=with_first(EXIT, RANK, "{{ .Labels.detail }}"), waiters=waiters),
+        nodes_dashboard(), cause="left_early")
 
 
 def _behind_in() -> str:
