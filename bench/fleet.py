@@ -65,6 +65,7 @@ from colossalai_exporter.rankstate.families import RankFamilies, families  # noq
 from colossalai_exporter.rankstate.schema import (  # noqa: E402
     Activity,
     CheckpointState,
+    PendingCollective,
     Snapshot,
 )
 from colossalai_exporter.training.state import STEP_BUCKETS  # noqa: E402
@@ -132,6 +133,12 @@ class Fleet:
                   "torch_version": "2.5.1", "dp_size": str(self.world())},
             activity=Activity(kind="collective", collective="all_reduce",
                               frame="gemini/chunk/manager.py:204 in reduce_chunk"),
+            # What a monitor reads of the flight recorder's status at every publish: the
+            # collective in flight (served as its age, 0 while nothing is): a stalled job's
+            # all-reduce since it stopped stepping.
+            in_flight_known=True,
+            pending=None if stalled_at is None else PendingCollective(
+                pg="0", seq=steps * 4, since=stalled_at, timeout=600.0),
             publish_interval=1.0, activity_samples=int(until - self.t0),
             waiting_samples=int((until - self.t0) * 0.3),
             productive=steps * STEP_SECONDS,
@@ -432,6 +439,12 @@ class Engine:
     query_timeout: float = 30  # the report's counts of whole jobs
 
 
+def _cause(rule: dict[str, Any]) -> str:
+    """" (left_early)": which of the rules that share an alert's name."""
+    cause = rule.get("labels", {}).get("cause")
+    return f" ({cause})" if cause else ""
+
+
 def report_scale(engine: Engine, fleet: Fleet, interval: int) -> None:
     url, own, wait = engine.url, engine.own, engine.query_timeout
     ranks = fleet.nodes * RANKS_PER_NODE
@@ -460,7 +473,8 @@ def report_scale(engine: Engine, fleet: Fleet, interval: int) -> None:
              for r in g["rules"]]
     rules.sort(key=lambda r: -float(r.get("evaluationTime", 0)))
     print("\nslowest rules: " + "; ".join(
-        f"{r['name']} {float(r['evaluationTime']) * 1e3:.0f} ms" for r in rules[:20]))
+        f"{r['name']}{_cause(r)} {float(r['evaluationTime']) * 1e3:.0f} ms"
+        for r in rules[:20]))
     print(f"\nmissed rule group iterations: "
           f"{own.total(own.MISSED):.0f}; "
           f"failed rule evaluations: {own.total(own.FAILED):.0f}")
