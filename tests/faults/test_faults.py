@@ -259,6 +259,14 @@ CASES = [
          ("is the rank the others wait for: it left the run early: it called "
           "monitor.finish() after step ", "while the ranks it left (rank 0 on "),
          muted=("TrainingStalled",), release="current"),
+    Case("extra-barrier", "4 ranks; rank 1 alone calls a barrier after a step (code under "
+         "`if rank == 1:`): it waits there while ranks 0, 2 and 3 wait in the next step's "
+         "all-reduce, each at the same collective number of the default process group",
+         "extra_barrier", 1, ("TrainingHangSuspect",), {"rank": "1", "cause": "mismatch"},
+         ("is in a different collective from the others: it waits in gloo:barrier #",
+          "where rank 0 waits in gloo:all_reduce #", ", rank 2 waits in gloo:all_reduce #",
+          ", rank 3 waits in gloo:all_reduce #"),
+         muted=("TrainingStalled",), ranks=4),
     Case("exit-unfinished", "the run completes in a script that never calls monitor.finish(): "
          "every rank's loop ends at the same step and the script exits 0", "exit_unfinished",
          -1, (), quiet=20.0, release="current"),

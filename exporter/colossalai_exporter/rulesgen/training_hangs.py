@@ -17,9 +17,11 @@ from colossalai_exporter.rankstate.schema import WAITING as WAITING_ACTIVITIES
 from colossalai_exporter.rulesgen.common import (
     ACTIVITY,
     AGENT_RANKS,
+    DOWN_RANKS,
     INFO,
     LOST_RANKS,
     RANK,
+    RANK_RUN,
     TROUBLED_RUN,
     down,
     in_phase,
@@ -82,7 +84,7 @@ def hang_suspects(rank_servers: Selector, node_agents: Selector,
             nccl_problem(rank_servers, node_agents),
             collectives_behind(rank_servers, node_agents),
             unreachable(node_agents), others_timed_out(node_agents, after_timeout),
-            left_behind(node_agents))
+            left_behind(node_agents), last_collectives(node_agents), mismatched())
 
 
 def answering(view: Selector, vector: str) -> str:
@@ -352,6 +354,72 @@ def left_behind(node_agents: Selector) -> Alert:
              f"for it in a collective, stalled. {UNEVEN_STEPS}.",
              detail=with_first(EXIT, RANK, "{{ .Labels.detail }}"), waiters=waiters),
         nodes_dashboard(), cause="left_early")
+
+
+#: Each stalled rank's last collective in each process group, from the node agents'
+#: view, valued 1, with its sequence number as the ``seq`` label and a point-to-point
+#: op named "p2p" (a send and the receive it pairs with are one exchange): what
+#: :func:`mismatched` compares. Empty unless ranks are stalled.
+LAST_COLLECTIVES = "job_instance_rank_pg:colossalai_training_collective_enqueued:seq"
+
+
+def last_collectives(node_agents: Selector) -> Recording:
+    stalled = (f"{node_agents(ENQUEUED)}\nand on (job, instance, rank)\n"
+               f"  {stalled_now(node_agents)}")
+    named = f'label_replace(\n{indent(stalled)},\n  "op", "p2p", "op", ".*(send|recv)")'
+    return Recording(LAST_COLLECTIVES,
+                     f'count_values by (job, instance, run, rank, pg, op) ("seq",\n'
+                     f"{indent(answering(node_agents, named))}\n)")
+
+
+def mismatched() -> Alert:
+    """TrainingHangSuspect for ranks that wait in different collectives at the same place
+    of a process group: the flight recorder has them at the same sequence number there,
+    under different names (an all-reduce on some, a barrier on another).
+
+    Collectives match by order: a collective called on some ranks only (logging code
+    under ``if rank == 0:``, a condition that differs between ranks) or in a different
+    order leaves every rank waiting, none behind, and no rank outside a collective, so
+    no other cause names one. The ranks named are those of the less common collective;
+    where the ranks split evenly (two ranks, one each), all of them, each description
+    saying what the others wait in. From the node agents' view, which sees every rank
+    (LAST_COLLECTIVES), once every live rank of the run has reported."""
+    each = LAST_COLLECTIVES
+    at = "(run, pg, seq)"
+    per_op = block(each, f"count by {at[:-1]}, op)")
+    most = block(per_op, f"max by {at}")
+    fewer = f"{per_op}\n< on {at} group_left ()\n{most}"
+    split = block(per_op, f"count by {at}") + " > 1"
+    even = (f"({per_op}\n  and on {at}\n{indent(split)})\nunless on {at}\n"
+            f"(\n{indent(fewer)}\n)")
+    named = f"{each}\nand on {at[:-1]}, op)\n(\n{indent(fewer)}\nor\n{indent(even)}\n)"
+    # Compared only once every live rank of the run has said where it waits: ranks see
+    # their own stall moments apart, and two of four compared alone split evenly (a
+    # 4-rank run paged a rank of the majority so, in the fault suite).
+    reported = block(each, "count by (run) (max by (run, rank)") + ")"
+    live = block(f"{RANK_RUN}\nunless on (job, instance, rank)\n  {DOWN_RANKS}",
+                 "count by (run) (max by (run, rank)") + ")"
+    complete = f"{reported}\n== on (run)\n{live}"
+    named = f"{named}\nand on (run)\n(\n{indent(complete)}\n)"
+    mine = f"{ENQUEUED}{{run=%q,rank=%q,pg=%q}}"
+    # each rank once: rank 0 is served by its own server too
+    theirs = f"max by (rank, op) ({ENQUEUED}{{run=%q,rank!=%q,pg=%q}})"
+    others = printf_query(theirs, "$labels.run $labels.rank $labels.pg")
+    return Alert(
+        "TrainingHangSuspect",
+        block(named, "max by (job, instance, rank, run, pg)"),
+        "critical", SUMMARY,
+        fill("Rank [[$rank]][[of_run]] on [[$instance]] is in a different collective from "
+             "the others: it waits in [[mine]], where [[others]]. The ranks called "
+             "different collectives (one called on some ranks only, under a condition such "
+             "as `if rank == 0:`, or in a different order), so none completes.",
+             mine=first_sample(mine, "$labels.run $labels.rank $labels.pg",
+                               "{{ .Labels.op }} #{{ .Value }} of process group "
+                               "{{ .Labels.pg }} (ranks {{ .Labels.pg_ranks }})"),
+             others=(f'{{{{ range $i, $r := {others} | sortByLabel "rank" }}}}{{{{ if $i }}}}, '
+                     "{{ end }}rank {{ $r.Labels.rank }} waits in {{ $r.Labels.op }} "
+                     "#{{ $r.Value }}{{ end }}")),
+        nodes_dashboard(), cause="mismatch")
 
 
 def _behind_in() -> str:
