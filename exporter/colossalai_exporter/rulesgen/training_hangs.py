@@ -357,16 +357,18 @@ def left_behind(node_agents: Selector) -> Alert:
 
 
 #: Each stalled rank's last collective in each process group, from the node agents'
-#: view, valued 1, with its sequence number as the ``seq`` label and a point-to-point
-#: op named "p2p" (a send and the receive it pairs with are one exchange): what
-#: :func:`mismatched` compares. Empty unless ranks are stalled.
+#: view, valued 1, with its sequence number as the ``seq`` label: what
+#: :func:`mismatched` compares. Point-to-point work and entries without a name are left
+#: out (:func:`last_collectives`). Empty unless ranks are stalled.
 LAST_COLLECTIVES = "job_instance_rank_pg:colossalai_training_collective_enqueued:seq"
 
 
 def last_collectives(node_agents: Selector) -> Recording:
-    stalled = (f"{node_agents(ENQUEUED)}\nand on (job, instance, rank)\n"
-               f"  {stalled_now(node_agents)}")
-    named = f'label_replace(\n{indent(stalled)},\n  "op", "p2p", "op", ".*(send|recv)")'
+    # Named collectives only: an entry the recorder no longer holds has no name, and
+    # NCCL numbers point-to-point work apart from collectives (a send and an all-reduce
+    # may share a number in one group), so neither compares.
+    collectives = node_agents(ENQUEUED, 'op!=""', 'op!~".*(send|recv)"')
+    named = f"{collectives}\nand on (job, instance, rank)\n  {stalled_now(node_agents)}"
     return Recording(LAST_COLLECTIVES,
                      f'count_values by (job, instance, run, rank, pg, op) ("seq",\n'
                      f"{indent(answering(node_agents, named))}\n)")
@@ -382,7 +384,9 @@ def mismatched() -> Alert:
     order leaves every rank waiting, none behind, and no rank outside a collective, so
     no other cause names one. The ranks named are those of the less common collective;
     where the ranks split evenly (two ranks, one each), all of them, each description
-    saying what the others wait in. From the node agents' view, which sees every rank
+    saying what the others wait in. Collectives only: NCCL numbers point-to-point work
+    apart from them, so a send's number says nothing of a collective's. From the node
+    agents' view, which sees every rank
     (LAST_COLLECTIVES), once every live rank of the run has reported."""
     each = LAST_COLLECTIVES
     at = "(run, pg, seq)"
