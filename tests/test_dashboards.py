@@ -278,6 +278,8 @@ def test_queries_use_only_catalogued_metrics_and_existing_recording_rules() -> N
                     common.RANK_RUN, common.NODE_RUN, common.AGENT_RANKS,
                     common.AGENT_SERVED_RANKS, common.TROUBLED_RUN,
                     hangs.WAITING_RUNS,
+                    # the stalled ranks' last collectives, compared by an alert
+                    hangs.LAST_COLLECTIVES,
                     # the ranks down, stalled and lost, each read once for the alerts
                     common.DOWN_RANKS, common.STALLED_RANKS, common.LOST_RANKS}
     assert used & _recording_rules() == _recording_rules() - intermediate

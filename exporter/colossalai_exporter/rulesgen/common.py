@@ -27,8 +27,9 @@ from colossalai_exporter.rulesgen.promql import (
     indent,
     label_is,
     label_is_not,
+    matching,
     query,
-    with_first,
+    template_args,
 )
 
 # The labels that name one rank's series (and an alert about one rank).
@@ -318,11 +319,16 @@ def lost_ranks(node_agents: Selector, window: Duration) -> str:
 def last_error() -> str:
     """" Last error (in step): RuntimeError: CUDA out of memory. …" when the rank has one.
 
-    Last in a description: the message ends with its own punctuation.
+    Last in a description: the message ends with its own punctuation. A rank whose
+    process died (and its own server with it) has its series marked stale at the next
+    failed scrape, while the alert about it still fires from its window: the error is
+    then read as last seen in the last 10 minutes.
     """
-    return with_first("colossalai_training_last_error_info", RANK,
-                      " Last error (in {{ .Labels.where }}): {{ .Labels.type }}: "
-                      "{{ .Labels.message }}")
+    body = " Last error (in {{ .Labels.where }}): {{ .Labels.type }}: {{ .Labels.message }}"
+    now = matching("colossalai_training_last_error_info", RANK)
+    return first_sample(now, template_args(RANK), body,
+                        otherwise=first_sample(f"last_over_time({now}[10m])",
+                                               template_args(RANK), body))
 
 
 def ranks_of_run(condition: str, what: str) -> str:

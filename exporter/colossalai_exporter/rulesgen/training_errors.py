@@ -93,7 +93,10 @@ def _error_alert(name: str, counter: str, last: str, window: Duration, summary: 
                                  f" > time() - {window.seconds}",
                     rank_servers, node_agents, run_from=None),
         "critical", summary,
-        fill(text, count=query(counter, match, 'value | printf "%.0f"'), window=window,
+        # over the window too: a dead rank's own server is stale from its next scrape
+        fill(text, count=query(counter, match, 'value | printf "%.0f"',
+                               before="last_over_time(", extra=f"[{window}])"),
+             window=window,
              died=_since_died(), last_error=last_error(), **values),
         training_dashboard())
 

@@ -82,8 +82,11 @@ class Phases:
                 state.kernel_failures += 1
                 state.kernel_last_failure = _wall()
                 state.kernels_ready = was_ready
-                self.enter(previous if previous != "kernels" else "init")
+                # The error first: leaving the phase writes the snapshot too, and one that
+                # counts the failure without its error, if it is the last (the rank killed
+                # a moment later), pages without the cause.
                 self._record_exception(exc, "kernels")
+                self.enter(previous if previous != "kernels" else "init")
             raise
         else:
             if outer:
