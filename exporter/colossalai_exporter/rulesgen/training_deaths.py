@@ -264,9 +264,7 @@ def waited_for_by_timed_out(node_agents: Selector) -> str:
 def timed_out_ranks() -> str:
     """"rank 0 on node-a:9466, rank 2 on node-b:9466": the ranks of the alert's run that
     timed out waiting in a collective."""
-    ranks = printf_query(f"{EXIT}{{{TIMED_OUT},run=%q}}", "$labels.run")
-    return (f'{{{{ range $i, $r := {ranks} | sortByLabel "rank" }}}}{{{{ if $i }}}}, '
-            "{{ end }}rank {{ $r.Labels.rank }} on {{ $r.Labels.instance }}{{ end }}")
+    return listed_ranks(f"{EXIT}{{{TIMED_OUT},run=%q}}")
 
 
 def unscrapable(rank_servers: Selector, node_agents: Selector) -> Alert:

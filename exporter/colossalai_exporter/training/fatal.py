@@ -39,7 +39,6 @@ _previous: list[Any] = []  # the hook this one replaced, while installed
 # Every monitor started in this process, closed or not: a script that calls close()
 # without finish() still ends its run normally at exit. Weak: a monitor dropped is gone.
 _started: weakref.WeakSet[TrainingMonitor] = weakref.WeakSet()
-_exit_hook_installed = [False]
 
 
 def _hook(exc_type: type[BaseException], exc: BaseException,
@@ -61,12 +60,13 @@ def _at_exit() -> None:
             monitor._exiting()
 
 
+# Registered once, at import: with no monitor started it has nothing to do.
+atexit.register(_at_exit)
+
+
 def attach(monitor: TrainingMonitor) -> None:
     with _lock:
         _started.add(monitor)
-        if not _exit_hook_installed[0]:
-            atexit.register(_at_exit)
-            _exit_hook_installed[0] = True
         if sys.excepthook is not _hook:
             _previous[:] = [sys.excepthook]
             sys.excepthook = _hook
