@@ -48,6 +48,15 @@ RANK = textwrap.dedent("""
         # Every publish takes 0.3 s: the handler and the watcher both see the signal,
         # and the one that does not write the record must wait for the other's write.
         monitor.add_poller(lambda state: time.sleep(0.3))
+    if mode == "held_publish":
+        # The publisher's own publishes each hold the snapshot for 1.5 s (the stall's
+        # evidence written on a loaded machine): the signal's record must wait them out.
+        def held(state):
+            if threading.current_thread().name == "colossalai-monitor":
+                Path(run_dir, "holding").touch()
+                time.sleep(1.5)
+        monitor.add_poller(held)
+        monitor._publisher._interval = 0.2
     if mode == "handler_after":
         # ... or after it (a checkpoint-on-preemption handler): it decides, not the monitor
         signal.signal(signal.SIGTERM, lambda signum, frame: stopped.append(signum))
@@ -189,6 +198,23 @@ def test_a_slow_record_is_written_before_the_signal_takes_effect(
     by torchrun was paged as killed when the loser of that race ended it first)."""
     proc = start(tmp_path, 0, "slow_publish")
     ranks.append(proc)
+    proc.send_signal(signal.SIGTERM)
+    assert ended(proc) == -signal.SIGTERM
+    snap = read_snapshot(snapshot_path(tmp_path, 0))
+    assert snap.interruption is not None and snap.interruption.signal == "SIGTERM"
+
+
+def test_a_signal_waits_for_a_slow_publish_in_progress_to_record(
+        tmp_path: Path, ranks: list) -> None:
+    """SIGTERM while the publisher's thread is in a publish that takes longer than the
+    one second a training thread's error waits: the rank still ends by SIGTERM with the
+    record on disk (it was paged as killed when the record gave up after a second and
+    the signal ended the rank first, once in a loaded CI run)."""
+    proc = start(tmp_path, 0, "held_publish")
+    ranks.append(proc)
+    holding = tmp_path / "holding"
+    holding.unlink(missing_ok=True)
+    wait_until(holding.exists, timeout=30, interval=0.01, what="a publish in progress")
     proc.send_signal(signal.SIGTERM)
     assert ended(proc) == -signal.SIGTERM
     snap = read_snapshot(snapshot_path(tmp_path, 0))

@@ -41,7 +41,7 @@ from colossalai_exporter.training.oom import classify_oom
 from colossalai_exporter.training.phases import Phases
 from colossalai_exporter.training.publisher import Publisher
 from colossalai_exporter.training.settings import MonitorSettings
-from colossalai_exporter.training.signals import SignalRecorder
+from colossalai_exporter.training.signals import RECORD_WAIT_SECONDS, SignalRecorder
 from colossalai_exporter.training.state import Budgets, RankState
 from colossalai_exporter.training.steps import Step, StepCounter
 
@@ -348,7 +348,8 @@ class TrainingMonitor:
         """SIGTERM or SIGINT arrived (training/signals.py): say so before it ends the rank."""
         state = self._state
         state.interruption = Interruption(signal=name, time=_wall(), steps=state.steps)
-        self._publisher.publish_now()
+        # The signal ends the rank once this returns: the record must be on disk by then.
+        self._publisher.publish_now(wait=RECORD_WAIT_SECONDS)
 
     # ------------------------------------------------------------------ ColossalAI
     def watch(self, booster: Any, model: Any = None) -> None:

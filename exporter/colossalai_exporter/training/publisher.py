@@ -52,10 +52,11 @@ class Publisher:
         with self._lock:
             self._publish(False)
 
-    def publish_now(self) -> None:
-        """Publish from the calling thread, unless a publish is stuck (then wake the thread)."""
+    def publish_now(self, wait: float = NOW_WAIT_SECONDS) -> None:
+        """Publish from the calling thread, unless a publish in progress outlasts ``wait``
+        seconds (stuck on a hung run directory: then wake the thread instead)."""
         # A publisher blocked on a hung run directory must not hang the caller too.
-        if self._lock.acquire(timeout=NOW_WAIT_SECONDS):
+        if self._lock.acquire(timeout=wait):
             try:
                 self._publish(False)
             finally:

@@ -54,10 +54,17 @@ log = logging.getLogger("colossalai_exporter.training")
 RECORDED: tuple[signal.Signals, ...] = (signal.SIGTERM, signal.SIGINT)
 
 _Handler = Callable[[int, FrameType | None], Any] | int | None
+# How long recording a signal may wait for a publish already in progress (the
+# publisher's thread holds the snapshot for the length of one publish: well under a
+# millisecond, but the first stalled publish writes the stall's evidence, and a loaded
+# machine stretched one past a second, after which the rank ended by the signal with
+# its record unwritten and was paged as killed). The bound only matters when the run
+# directory hangs; it is well inside the 30 s torchrun, Slurm and Kubernetes give a
+# rank between SIGTERM and SIGKILL.
+RECORD_WAIT_SECONDS = 5.0
 # How long the path that lost the race for a signal waits for the other to have
-# written the snapshot before the signal takes effect (a write takes well under a
-# millisecond; the bound only matters if the run directory hangs).
-RECORD_WAIT_SECONDS = 2.0
+# written the record before the signal takes effect: longer than the record may take.
+RACE_WAIT_SECONDS = RECORD_WAIT_SECONDS + 1.0
 # Within this long after a record, the other path's sight of a signal is the same
 # delivery; a later one (a second SIGTERM after the rank trained on) is recorded anew.
 SAME_DELIVERY_SECONDS = 5.0
@@ -152,7 +159,7 @@ class SignalRecorder:
         with self._lock:
             done = self._done.get(signum)
         if done is not None:
-            done.wait(RECORD_WAIT_SECONDS)
+            done.wait(RACE_WAIT_SECONDS)
 
     # -- the watcher: signals a blocked main thread cannot handle ------------------
     def _start_watcher(self) -> None:
