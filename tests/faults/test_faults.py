@@ -318,6 +318,12 @@ CASES = [
          "blocks holding the GIL, like a hung mount)", "checkpoint_hang", 0,
          ("CheckpointStuck",), {"rank": "0", "phase": "checkpointing"},
          ("phase checkpointing",), muted=("TrainingRankDown",), target="fifo", release="current"),
+    Case("rank0-save", "the tutorial's save: rank 0 alone saves a checkpoint of 12 s (beyond "
+         "the 5 s step budget, within its 60 s checkpoint budget) while rank 1 goes on into "
+         "the next step's all-reduce and waits for it there", "rank0_save", 0, (), quiet=25.0),
+    Case("solo-evaluation", "rank 1 alone evaluates for 12 s (beyond the 5 s step budget, "
+         "within evaluation's) while rank 0, whose server the run serves, waits for it in "
+         "the next step's all-reduce", "solo_eval", 1, (), quiet=25.0, release="current"),
     Case("long-evaluation", "a 20 s evaluation on every rank (4 step budgets)", "long_eval",
          -1, (), quiet=25.0),
     Case("kernel-build-fails", "ColossalAI's CPU Adam kernel does not load (HybridAdam on "

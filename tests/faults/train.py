@@ -160,12 +160,17 @@ def slow_kernel_loader() -> Any:
 # of its rank 0 for 10 s once, with two suites on the machine. Its budget leaves room
 # for that; its checkpoint's (5 s, against a 3 s checkpoint) is the point of the case.
 STEP_BUDGET = 40.0 if FAULT in SHORT_TIMEOUTS else {"lifecycle": 20.0}.get(FAULT, 5.0)
+# The checkpoint budget: 5 s, so that a stuck save pages soon; the rank-0 save's is a
+# real one's, far above the step budget, as a large model's save takes minutes.
+CHECKPOINT_BUDGET = {"rank0_save": 60.0}.get(FAULT, 5.0)
+RANK0_SAVE_SECONDS = 12.0  # beyond the step budget (5 s) twice over
 
 
 def main() -> int:
     # First, as docs/training.md shows: a start that dies in the rendezvous is seen too.
     monitor = TrainingMonitor(
-        budgets=Budgets(step=STEP_BUDGET, checkpoint=5.0, kernels=5.0, startup=120.0),
+        budgets=Budgets(step=STEP_BUDGET, checkpoint=CHECKPOINT_BUDGET, kernels=5.0,
+                        startup=120.0),
         publish_interval=0.5)
     if FAULT == "resume_fails" and monitor.rank == FAULT_RANK:
         # Every start reads the data shard the last run got to, which is gone: the
@@ -262,6 +267,20 @@ def main() -> int:
             import torch.distributed as dist
 
             dist.barrier()
+        if armed.is_set() and FAULT == "rank0_save":
+            # The tutorial's save (docs/training.md's starting point): rank 0 alone, now and
+            # then, while the other ranks go on into the next step and wait for it in its
+            # all-reduce. Longer than the step budget, as a large model's save is.
+            armed.clear()
+            with monitor.checkpoint(step):
+                save(booster, model, CHECKPOINT_DIR / f"rank0-{step}.pt")
+                time.sleep(RANK0_SAVE_SECONDS)
+        if armed.is_set() and FAULT == "solo_eval":
+            # An evaluation on one rank only (a rank that holds the validation set), as
+            # long as the rank-0 save, while the others wait for it in the next step.
+            armed.clear()
+            with monitor.evaluation():
+                time.sleep(RANK0_SAVE_SECONDS)
         if armed.is_set() and FAULT == "long_eval":
             armed.clear()
             with monitor.evaluation():

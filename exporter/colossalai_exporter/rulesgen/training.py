@@ -58,7 +58,7 @@ def training(config: RulesConfig) -> RuleFile:
         Recording(STALLED_RANKS, stalled_ranks_rule(rank_servers, node_agents)),
         Recording(TROUBLED_RUN, troubled_runs()),
         Recording(LOST_RANKS, lost_ranks(node_agents, thresholds.node_lost_window)),
-        stalled(rank_servers),
+        stalled(rank_servers, node_agents),
         *hang_suspects(rank_servers, node_agents, thresholds.hang_after_timeout_for),
         startup_stuck(rank_servers, node_agents),
         checkpoint_stuck(rank_servers, node_agents),

@@ -40,6 +40,7 @@ from colossalai_exporter.rulesgen.promql import (
     query,
     with_first,
 )
+from colossalai_exporter.rulesgen.training_deaths import stalled_waiting
 from colossalai_exporter.rulesgen.training_hangs import NOT_WAITING, waiting_ranks
 
 BUDGET = "colossalai_training_step_timeout_seconds"
@@ -51,8 +52,17 @@ def _budget() -> str:
     return query(BUDGET, RANK, "value | humanizeDuration")
 
 
-def stalled(rank_servers: Selector) -> Alert:
-    """TrainingStalled: a rank in phase training with no step within its step budget."""
+# The phases with a budget of their own that one rank can be in while the others wait
+# for it in training: a save or an evaluation on one rank only (the tutorial saves from
+# rank 0 alone), a kernel loaded on first use. Not finished or failed: a rank that ended
+# while others wait for it is the incident (TrainingHangSuspect, TrainingRankDown).
+BUSY = phase_is("init", "kernels", "checkpointing", "evaluating")
+
+
+def stalled(rank_servers: Selector, node_agents: Selector) -> Alert:
+    """TrainingStalled: a rank in phase training with no step within its step budget,
+    unless it waits in a collective for a rank of its run that is busy within its own
+    budget (waiting_for_busy)."""
     phase_start = rank_servers(PHASE_START)
     # Time in phase training without a step: since the last step, or since the
     # rank (re-)entered training (after start-up or a checkpoint), whichever is later.
@@ -74,7 +84,8 @@ def stalled(rank_servers: Selector) -> Alert:
     """)
     return Alert(
         "TrainingStalled",
-        with_run(only_in_phase(rank_servers, without_step, TRAINING)),
+        f"{block(with_run(only_in_phase(rank_servers, without_step, TRAINING)))}\n"
+        f"unless on (run, rank)\n{block(waiting_for_busy(rank_servers, node_agents))}",
         "critical", "A training rank has made no step for longer than its step budget.",
         fill("Rank [[$rank]] of job [[$job]] ([[$instance]]) has made no training step "
              "for {{ $value | humanizeDuration }} (step budget [[budget]]).[[where]]"
@@ -86,6 +97,22 @@ def stalled(rank_servers: Selector) -> Alert:
                               " It is in {{ .Labels.activity }} at {{ .Labels.frame }}."),
              reach=ranks_of_run(f"{STALLED} == 1", "rank(s) of this run are stalled.")),
         training_dashboard())
+
+
+def waiting_for_busy(rank_servers: Selector, node_agents: Selector) -> str:
+    """The stalled ranks of the rank servers (by run and rank) that wait in a collective
+    in runs where another rank is in a phase of BUSY, not stalled: a save or an
+    evaluation on one rank, within its budget, which the others wait for in their next
+    step's collective. Its budget decides (CheckpointStuck, TrainingStartupStuck); the
+    waiting ranks' step budget does not: paged, a run that saved from rank 0 for longer
+    than a step's budget paged the ranks that waited for it. A rank that waits counts
+    by its activity or its collective in flight (training_deaths.stalled_waiting)."""
+    def busy(view: Selector) -> str:
+        return (f"{in_phase(view, BUSY)}\nunless on (job, instance, rank)\n"
+                f"  {stalled_now(view)}")
+
+    busy_runs = runs_with(with_run(f"{busy(node_agents)}\nor\n{busy(rank_servers)}"))
+    return f"{stalled_waiting(rank_servers)}\nand on (run)\n{block(busy_runs)}"
 
 
 def phase_over_budget(name: str, phases: tuple[str, ...], summary: str, what: str,
