@@ -270,6 +270,10 @@ CASES = [
     Case("exit-unfinished", "the run completes in a script that never calls monitor.finish(): "
          "every rank's loop ends at the same step and the script exits 0", "exit_unfinished",
          -1, (), quiet=20.0, release="current"),
+    Case("after-the-loop", "the run completes: every rank's loop ends at the same step, "
+         "the other ranks exit 0, and rank 0 goes on alone for 12 s (a final torch.save and "
+         "an upload, beyond the 5 s step budget) before it exits 0; no monitor.finish()",
+         "after_the_loop", -1, (), quiet=25.0),
     Case("pipeline-hang", "2-stage pipeline (dist.send/recv), stage 0 frozen in compute; stage "
          "1 waits in recv", "frozen_compute", 0, ("TrainingHangSuspect",),
          {"rank": "0", "cause": "outside_collective"},
@@ -427,7 +431,7 @@ def inject(stack: Stack, case: Case, cgroup: Path | None) -> float:
                    timeout=60, interval=0.2, what="the recovery action in Alertmanager")
         os.kill(pids[case.rank], signal.SIGSTOP)
         return at
-    if case.fault in ("finish", "exit_unfinished"):
+    if case.fault in ("finish", "exit_unfinished", "after_the_loop"):
         # Every rank ends at the same step, as a real loop's end makes them.
         furthest = max(stack.job_of(r).snapshot(r).steps for r in ranks)
         (stack.tmp / "checkpoints" / "at-step").write_text(str(furthest + 20))

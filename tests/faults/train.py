@@ -245,6 +245,13 @@ def main() -> int:
             return 0
         if armed.is_set() and FAULT == "exit_unfinished" and step == planned_step():
             return 0  # the loop's end, in a script that never calls monitor.finish()
+        if armed.is_set() and FAULT == "after_the_loop" and step == planned_step():
+            # The loop's end, then work on rank 0 alone that the monitor is not told of
+            # (a final save with torch.save, an upload, a conversion), longer than a
+            # step's budget, while the other ranks have exited; no monitor.finish().
+            if rank == 0:
+                after_training(model)
+            return 0
         fault_now = (armed.is_set() and mine) or hang_after_checkpoint.is_set()
         try:
             with monitor.step(samples=16) as current:
@@ -335,6 +342,12 @@ def hold_connections_open() -> None:
     if os.fork() == 0:
         time.sleep(120)
         os._exit(0)
+
+
+def after_training(model: Any) -> None:
+    """What a script does after its loop on rank 0: a final save, then an upload."""
+    torch.save(model.state_dict(), CHECKPOINT_DIR / "final.pt")
+    time.sleep(RANK0_SAVE_SECONDS)  # the upload
 
 
 def save(booster: Any, model: Any, path: Path) -> None:

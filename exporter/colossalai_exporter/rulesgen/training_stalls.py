@@ -40,7 +40,7 @@ from colossalai_exporter.rulesgen.promql import (
     query,
     with_first,
 )
-from colossalai_exporter.rulesgen.training_deaths import stalled_waiting
+from colossalai_exporter.rulesgen.training_deaths import EXIT, FINISHED_EXIT, stalled_waiting
 from colossalai_exporter.rulesgen.training_hangs import NOT_WAITING, waiting_ranks
 
 BUDGET = "colossalai_training_step_timeout_seconds"
@@ -62,7 +62,7 @@ BUSY = phase_is("init", "kernels", "checkpointing", "evaluating")
 def stalled(rank_servers: Selector, node_agents: Selector) -> Alert:
     """TrainingStalled: a rank in phase training with no step within its step budget,
     unless it waits in a collective for a rank of its run that is busy within its own
-    budget (waiting_for_busy)."""
+    budget (waiting_for_busy), or its run's loop is over (after_the_loop)."""
     phase_start = rank_servers(PHASE_START)
     # Time in phase training without a step: since the last step, or since the
     # rank (re-)entered training (after start-up or a checkpoint), whichever is later.
@@ -85,7 +85,8 @@ def stalled(rank_servers: Selector, node_agents: Selector) -> Alert:
     return Alert(
         "TrainingStalled",
         f"{block(with_run(only_in_phase(rank_servers, without_step, TRAINING)))}\n"
-        f"unless on (run, rank)\n{block(waiting_for_busy(rank_servers, node_agents))}",
+        f"unless on (run, rank)\n{block(waiting_for_busy(rank_servers, node_agents))}\n"
+        f"unless on (run)\n{block(after_the_loop(rank_servers, node_agents))}",
         "critical", "A training rank has made no step for longer than its step budget.",
         fill("Rank [[$rank]] of job [[$job]] ([[$instance]]) has made no training step "
              "for {{ $value | humanizeDuration }} (step budget [[budget]]).[[where]]"
@@ -113,6 +114,19 @@ def waiting_for_busy(rank_servers: Selector, node_agents: Selector) -> str:
 
     busy_runs = runs_with(with_run(f"{busy(node_agents)}\nor\n{busy(rank_servers)}"))
     return f"{stalled_waiting(rank_servers)}\nand on (run)\n{block(busy_runs)}"
+
+
+def after_the_loop(rank_servers: Selector, node_agents: Selector) -> str:
+    """The runs where a rank finished (``monitor.finish()``, or its script's end) and no
+    rank waits for another: the loop is over, and a rank still in phase training does
+    work after it that the monitor was not told of (a final ``torch.save`` on rank 0, an
+    upload). Nobody waits for it, so its lack of steps stalls no training: paged, a run
+    that completed cleanly paged its rank 0 for its final save. A rank that finished
+    while others wait for it is the incident (TrainingHangSuspect ``left_early``)."""
+    waiting = (f"{runs_with(stalled_waiting(node_agents))}\nor\n"
+               f"{runs_with(stalled_waiting(rank_servers))}")
+    return (f"count by (run) ({node_agents(EXIT, FINISHED_EXIT)})\n"
+            f"unless on (run)\n{block(waiting)}")
 
 
 def phase_over_budget(name: str, phases: tuple[str, ...], summary: str, what: str,
