@@ -113,11 +113,58 @@ def test_ranks_seen_from_outside(tmp_path: Path, ranks: list[subprocess.Popen[by
     wait_until(lambda: value("colossalai_rank_up", "0") == 1, timeout=30, what="thawed")
 
 
+def test_two_runs_writing_one_run_directory_are_told(tmp_path: Path) -> None:
+    """Two jobs on one node, both publishing into the same run directory (the default
+    one): their rank 0s write the same file in turn. Counted as "shared" (an alert says
+    so); a rank restarted in its place is a new writer, not a second run."""
+    registry = CollectorRegistry()
+    registry.register(Adapter(RanksCollector(tmp_path, stale_after=STALE_AFTER)))
+
+    def shared() -> float:
+        return registry.get_sample_value("colossalai_rank_snapshot_errors_total",
+                                         {"reason": "shared"}) or 0.0
+
+    def writer() -> int:
+        return read_snapshot(tmp_path / "rank-0.json").pid
+
+    def start(run: str) -> subprocess.Popen[bytes]:
+        env = cli_env(RANK="0", LOCAL_RANK="0", WORLD_SIZE="2",
+                      COLOSSALAI_EXPORTER_RUN_ID=run)
+        return subprocess.Popen([sys.executable, "-c", RANK_SCRIPT, str(tmp_path)], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    first = start("job-a")
+    try:
+        wait_until(lambda: (tmp_path / "rank-0.json").exists() and writer() == first.pid,
+                   timeout=30, what="the first run's rank 0 publishing")
+        assert shared() == 0
+        first.kill()  # a restart: the next writer takes its place for good
+        first.wait(10)
+        restarted = start("job-a")
+        try:
+            wait_until(lambda: writer() == restarted.pid and shared() == 0, timeout=30,
+                       what="the restarted rank's snapshot read")
+            second = start("job-b")  # another job, in the same directory
+            try:
+                wait_until(lambda: shared() >= 1, timeout=60, interval=0.05,
+                           what="the two runs' writers told apart")
+            finally:
+                second.kill()
+                second.wait(10)
+        finally:
+            restarted.kill()
+            restarted.wait(10)
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait(10)
+
+
 def test_missing_dir_and_garbage_files(tmp_path: Path) -> None:
     registry = CollectorRegistry()
     collector = RanksCollector(tmp_path / "nothing-yet")
     registry.register(Adapter(collector))
-    for reason in ERROR_REASONS:  # pre-created at zero
+    for reason in (*ERROR_REASONS, "shared"):  # pre-created at zero
         assert registry.get_sample_value("colossalai_rank_snapshot_errors_total",
                                          {"reason": reason}) == 0
     (tmp_path / "nothing-yet").mkdir()
@@ -146,7 +193,8 @@ def test_a_bad_snapshot_costs_only_its_rank(tmp_path: Path) -> None:
     assert samples_of(families, "colossalai_rank_up") == {"1": 1.0}
     errors = {s.labels["reason"]: s.value for f in families for s in f.samples
               if s.name == "colossalai_rank_snapshot_errors_total"}
-    assert errors == {"malformed": 1, "invalid": 2, "version": 1, "unreadable": 0}
+    assert errors == {"malformed": 1, "invalid": 2, "version": 1, "unreadable": 0,
+                      "shared": 0}
 
 
 def test_a_version_1_snapshot_from_an_older_monitor_is_read(tmp_path: Path) -> None:

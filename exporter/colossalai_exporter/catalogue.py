@@ -297,7 +297,9 @@ RANKS: tuple[Metric, ...] = (
        "Reads of snapshot files in the run directory that could not be used, by reason: "
        "malformed (not JSON, truncated), invalid (a key missing or of the wrong type), "
        "version (written by a newer monitor than this agent reads), unreadable (an I/O "
-       "error). Each costs only that rank's series.", ("reason",), component="ranks"),
+       "error); each costs only that rank's series. And shared: a rank's file written in "
+       "turn by two live processes (two runs in one run directory), served, though its "
+       "series then flip between them.", ("reason",), component="ranks"),
 )
 
 # ---------------------------------------------------------------------------

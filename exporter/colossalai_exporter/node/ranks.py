@@ -77,6 +77,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("colossalai_exporter.node")
 
 PID_START_TOLERANCE_SECONDS = 1.0
+# Why a rank's snapshot cannot be trusted, as colossalai_rank_snapshot_errors_total counts
+# it: the file's own errors, and "shared": two live processes writing it in turn.
+READ_ERRORS = (*ERROR_REASONS, "shared")
 
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
@@ -148,7 +151,10 @@ class RanksCollector:
         self.timeout = timeout
         self._clock = clock
         # reads of snapshot files that could not be used since start, by reason
-        self._errors = dict.fromkeys(ERROR_REASONS, 0)
+        self._errors = dict.fromkeys(READ_ERRORS, 0)
+        # rank -> its snapshot's last two writers (pid, monitor start), the last first:
+        # a writer that comes back after another is a second run in the same directory.
+        self._writers: dict[int, tuple[tuple[int, float], tuple[int, float] | None]] = {}
         self._pid_ns = pid_namespace()
         self._boot_time = psutil.boot_time()  # fixed while the node runs
         # A read stuck in the kernel holds one thread, and no second read starts.
@@ -193,12 +199,32 @@ class RanksCollector:
                 self._count_error("unreadable", exc)
         return look
 
-    def _count_error(self, reason: str, exc: Exception) -> None:
+    def _count_error(self, reason: str, why: object) -> None:
         with self._lock:
             first = self._errors[reason] == 0
             self._errors[reason] += 1
         if first:  # once per reason: a bad file is read again every scrape
-            log.warning("rank snapshot not used (%s): %s", reason, exc)
+            log.warning("rank snapshot not trusted (%s): %s", reason, why)
+
+    def _check_writer(self, snap: Snapshot) -> None:
+        """Count a rank's snapshot whose writer alternates with another ("shared").
+
+        Two jobs on one node that publish into the same run directory (the default one)
+        write the same ``rank-<R>.json`` in turn, each about once a second: every read
+        finds one or the other, the rank's series flip between two runs, and a rank of
+        either that dies or hangs is not seen (the other's snapshot stands in for it).
+        A restart replaces a writer for good; only a writer that comes back after
+        another is a second run. Told by the snapshot's own pid and monitor start, so
+        also where the agent cannot see the ranks' pids (another PID namespace)."""
+        writer = (snap.pid, snap.created)
+        last, before = self._writers.setdefault(snap.rank, (writer, None))
+        if writer == last:
+            return
+        self._writers[snap.rank] = (writer, last)
+        if writer == before:
+            self._count_error("shared", f"rank {snap.rank}'s snapshot in {self.run_dir} is "
+                                        f"written in turn by pids {last[0]} and {writer[0]}: "
+                                        "two runs in one run directory")
 
     def _look(self, deadline: float, pending: Pending | None) -> RunDirLook:
         read = pending if isinstance(pending, _Read) else self.begin(deadline)
@@ -234,6 +260,7 @@ class RanksCollector:
         live: list[Snapshot] = []
         gone: list[Snapshot] = []
         for rank, snap in look.snapshots:
+            self._check_writer(snap)
             snap_age = max(0.0, now - snap.written)
             pids_mean_something = not self._other_namespace(snap.pid_ns)
             stale_after = self.stale_limit(snap)
@@ -256,6 +283,8 @@ class RanksCollector:
                 stopped.add_metric(label, 1.0 if is_stopped else 0.0)
                 alive_fam.add_metric(label, 1.0 if alive else 0.0)
             training.add(snap, now)
+        for gone_rank in self._writers.keys() - {rank for rank, _ in look.snapshots}:
+            del self._writers[gone_rank]  # its file is gone: a later one starts afresh
         self._pids = pids
         self._world = max(worlds, key=worlds.__getitem__) if worlds else None
         exits = catalogue.info("colossalai_rank_exit_info")
@@ -297,7 +326,7 @@ class RanksCollector:
         errors = catalogue.counter("colossalai_rank_snapshot_errors_total")
         with self._lock:
             counts = dict(self._errors)
-        for reason in ERROR_REASONS:
+        for reason in READ_ERRORS:
             errors.add_metric([reason], float(counts[reason]))
         served: MetricFamily = errors
         return served

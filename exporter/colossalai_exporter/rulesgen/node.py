@@ -42,6 +42,7 @@ def node(config: RulesConfig) -> RuleFile:
         *disks(node_agents, thresholds),
         rendezvous_down(node_agents),
         gpu_collector_down(node_agents, config.for_["GPUCollectorDown"]),
+        *rank_state_unreadable(node_agents, config.for_["RankStateUnreadable"]),
         *gpu_xids(node_agents, thresholds),
         *gpu_health(node_agents, config),
     ))
@@ -156,6 +157,47 @@ def rendezvous_down(node_agents: Selector) -> Alert:
              reason=query("colossalai_nccl_failure_info", ("job", "instance", "target"),
                           'label "reason"')),
         nodes_dashboard())
+
+
+# What the node agent's reads of rank snapshots that it cannot trust mean, by reason
+# (node/ranks.py, colossalai_rank_snapshot_errors_total), and what fixes each.
+_UNTRUSTED = (
+    '{{ if eq $labels.reason "shared" }}two live runs write the same ranks\' snapshots '
+    "in turn (two jobs on this node publishing into one run directory): each such rank's "
+    "series flip between the runs, and a rank of either that dies or hangs is not seen. "
+    "Give each job its own COLOSSALAI_EXPORTER_RUN_DIR, read by a node agent of its own"
+    '{{ else if eq $labels.reason "version" }}written by a newer TrainingMonitor than '
+    "this node agent reads. Upgrade the node agent"
+    '{{ else if eq $labels.reason "unreadable" }}an I/O error reading them'
+    "{{ else }}not a snapshot this agent can use (truncated, edited, another program's "
+    "file){{ end }}")
+
+
+def rank_state_unreadable(node_agents: Selector, window: Duration) -> tuple[Alert, Alert]:
+    """RankStateUnreadable: the agent cannot read its run directory (its ranks collector
+    fails), or reads rank snapshots it cannot trust, for ``window``. Either way the
+    training alerts that read the agent's view of those ranks are blind: a rank that
+    dies or hangs there is not named, or another run's rank stands in for it."""
+    why = "Training alerts for the ranks concerned are blind on this node."
+    return (
+        Alert(
+            "RankStateUnreadable",
+            node_agents("colossalai_exporter_collector_up", 'collector="ranks"') + " == 0",
+            "warning", "The node agent cannot see its training ranks.",
+            fill("The node agent on [[$instance]] has not read its run directory for [[for]] "
+                 "([[reason]]): none of its training ranks' state is served. " + why,
+                 reason=query("colossalai_exporter_collector_failure_info",
+                              ("job", "instance", "collector"), 'label "reason"'),
+                 **{"for": window}),
+            nodes_dashboard()),
+        Alert(
+            "RankStateUnreadable",
+            f"increase({node_agents('colossalai_rank_snapshot_errors_total')}[5m]) > 0",
+            "warning", "The node agent cannot see its training ranks.",
+            fill("Reads of rank snapshots on [[$instance]] could not be trusted for [[for]] "
+                 "([[$reason]]): " + _UNTRUSTED + ". " + why, **{"for": window}),
+            nodes_dashboard()),
+    )
 
 
 def gpu_collector_down(node_agents: Selector, window: Duration) -> Alert:
