@@ -63,6 +63,7 @@ for:
   TrainingRankDown: 10s
   TrainingNodeLost: 10s
   NCCLRendezvousDown: 10s
+  RankStateUnreadable: 5s
 """
 # Alertmanager's waits before a group's first notification, shortened like the rules.
 GROUP_WAIT = "1s"
@@ -134,12 +135,13 @@ class Job:
 def start_job(tmp: Path, fault: str, rank: int, checkpoint_dir: Path, master_port: int,
               rank0_port: int, checkpoint_every: int, ranks: int = 2,
               restarts: int = 0, topology: str = "booster", nodes: int = 1,
-              node_rank: int = 0) -> Job:
+              node_rank: int = 0, name: str = "") -> Job:
     """``ranks`` per node; with ``nodes`` > 1 this is node ``node_rank``'s launcher, with a
-    run directory of its own (each node's agent reads only its own)."""
+    run directory of its own (each node's agent reads only its own). ``name``: another
+    job's launcher on the first node (its own log, the node's run directory)."""
     suffix = f"-node{node_rank}" if nodes > 1 else ""
     run_dir = tmp / f"run{suffix}"
-    log = tmp / f"train{suffix}.log"
+    log = tmp / f"train{suffix}{name and '-' + name}.log"
     env = cli_env(FAULT=fault, FAULT_RANK=str(rank), CHECKPOINT_DIR=str(checkpoint_dir),
                   CHECKPOINT_EVERY=str(checkpoint_every), TOPOLOGY=topology,
                   COLOSSALAI_EXPORTER_RUN_DIR=str(run_dir),

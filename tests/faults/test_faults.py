@@ -37,6 +37,7 @@ from colossalai_exporter.rulesgen.verdict import REMEDIES
 from conftest import (
     RELEASES,
     REPO,
+    free_port,
     limited_memory_cgroup,
     require,
     small_tmpfs,
@@ -50,6 +51,7 @@ from fault_stack import (
     Stack,
     now,
     running_stack,
+    start_job,
     wait_for_snapshot,
     wait_healthy,
 )
@@ -489,7 +491,8 @@ def failures_table(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     yield
     if not ROWS:
         return
-    write_docs = wants_docs and len(ROWS) == len(CASES) + len(RELEASES)  # and the healthy runs
+    # every case, the healthy runs and the two jobs in one run directory
+    write_docs = wants_docs and len(ROWS) == len(CASES) + len(RELEASES) + 1
     out = REPO / "docs" / "failures.md" if write_docs else \
         tmp_path_factory.mktemp("faults-table") / "failures.md"
     out.write_text(render_table(ROWS))
@@ -592,6 +595,56 @@ def test_a_healthy_run_pages_nobody(tmp_path: Path, release: str) -> None:
                    if a["labels"]["alertname"] != "Watchdog"]
         assert unquiet == [], unquiet
     ROWS.append(Row(case, [], 0.0, "", [], case.quiet))
+
+
+TWO_JOBS = Case(
+    "two-jobs-one-run-dir", "two jobs of 2 ranks each on one node, both publishing into the "
+    "node's run directory (as both would on the default): their ranks' snapshot files are "
+    "written by both in turn", "none", -1, ("RankStateUnreadable",),
+    {"reason": "shared", "instance": "<node 0's agent>"},
+    ("could not be trusted for 5s (shared): two live runs write the same ranks' snapshots "
+     "in turn",))
+
+
+def test_two_jobs_in_one_run_directory_are_paged_as_such(tmp_path: Path) -> None:
+    """Two jobs on one node, each of two ranks, both publishing into the node's run
+    directory (the default one, for want of a setting): their ranks write the same
+    files in turn. The page says so, for that node, with what to change, and nothing
+    pages as a rank's incident."""
+    require(importlib.util.find_spec("colossalai") is not None,
+            "colossalai 0.5.0 and torch (scripts/install-dev.sh)")
+    target = tmp_path / "checkpoints"
+    target.mkdir()
+    with fake_vigilmon() as receiver, \
+            running_stack(tmp_path, receiver, "none", -1, target) as stack:
+        wait_healthy(stack)
+        second = start_job(tmp_path, "none", -1, target, free_port(), free_port(), 10**9,
+                           name="second")
+        try:
+            at = now()
+            wait_until(lambda: TWO_JOBS.pages[0] in stack.paged(), timeout=PAGE_DEADLINE,
+                       interval=0.2, what=f"RankStateUnreadable paged (log: {second.log})")
+            watch_quietly(stack, max(QUIET, at + WATCHED_AFTER_FAILURE - now()))
+            assert second.proc.poll() is None, second.log.read_text()[-3000:]
+        finally:
+            second.stop()
+        assert_every_notification_delivered(stack)
+        first = stack.pages()[0].alerts[0]
+        assert first["labels"]["alertname"] == "RankStateUnreadable", first["labels"]
+        assert first["labels"]["instance"] == f"127.0.0.1:{stack.agent.port}", first["labels"]
+        assert first["labels"]["reason"] == "shared", first["labels"]
+        description = first["annotations"]["description"]
+        assert description.startswith(
+            f"Reads of rank snapshots on 127.0.0.1:{stack.agent.port} could not be trusted "
+            "for 5s (shared): two live runs write the same ranks' snapshots in turn"), \
+            description
+        assert "its own COLOSSALAI_EXPORTER_RUN_DIR" in description, description
+        title = json.loads(stack.slack("RankStateUnreadable")[0].body)["attachments"][0]["title"]
+        assert f"127.0.0.1:{stack.agent.port}" in title, title
+        assert set(stack.paged()) == {"RankStateUnreadable"}, \
+            [a["labels"] for n in stack.pages() for a in n.alerts]
+        ROWS.append(Row(TWO_JOBS, ["RankStateUnreadable"], stack.pages()[0].at - at,
+                        description, [], QUIET))
 
 
 def plan_for_every_rank(stack: Stack) -> None:
