@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -83,7 +84,7 @@ def alertmanager_config(tmp: Path, receiver_url: str) -> Path:
                                        short_waits)
 
 
-def prometheus_config(tmp: Path, rules: Path, alertmanager: str, rank0: str,
+def prometheus_config(tmp: Path, rules: Path, alertmanager: str, rank_servers: list[str],
                       agents: list[str]) -> Path:
     config = {
         "global": {"scrape_interval": f"{INTERVAL:g}s", "scrape_timeout": f"{INTERVAL:g}s",
@@ -91,7 +92,8 @@ def prometheus_config(tmp: Path, rules: Path, alertmanager: str, rank0: str,
         "rule_files": [str(rules / "*.rules.yml")],
         "alerting": {"alertmanagers": [{"static_configs": [{"targets": [alertmanager]}]}]},
         "scrape_configs": [
-            {"job_name": "colossalai-training", "static_configs": [{"targets": [rank0]}]},
+            {"job_name": "colossalai-training",
+             "static_configs": [{"targets": rank_servers}]},
             {"job_name": "colossalai-node", "static_configs": [{"targets": agents}]},
         ],
     }
@@ -135,7 +137,7 @@ class Job:
 def start_job(tmp: Path, fault: str, rank: int, checkpoint_dir: Path, master_port: int,
               rank0_port: int, checkpoint_every: int, ranks: int = 2,
               restarts: int = 0, topology: str = "booster", nodes: int = 1,
-              node_rank: int = 0, name: str = "") -> Job:
+              node_rank: int = 0, name: str = "", serve: str = "rank0") -> Job:
     """``ranks`` per node; with ``nodes`` > 1 this is node ``node_rank``'s launcher, with a
     run directory of its own (each node's agent reads only its own). ``name``: another
     job's launcher on the first node (its own log, the node's run directory)."""
@@ -145,7 +147,8 @@ def start_job(tmp: Path, fault: str, rank: int, checkpoint_dir: Path, master_por
     env = cli_env(FAULT=fault, FAULT_RANK=str(rank), CHECKPOINT_DIR=str(checkpoint_dir),
                   CHECKPOINT_EVERY=str(checkpoint_every), TOPOLOGY=topology,
                   COLOSSALAI_EXPORTER_RUN_DIR=str(run_dir),
-                  COLOSSALAI_EXPORTER_PORT=str(rank0_port), OMP_NUM_THREADS="1",
+                  COLOSSALAI_EXPORTER_PORT=str(rank0_port), COLOSSALAI_EXPORTER_SERVE=serve,
+                  OMP_NUM_THREADS="1",
                   PYTHONUNBUFFERED="1")
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
             "--max-restarts", str(restarts), "--nnodes", str(nodes),
@@ -279,7 +282,8 @@ def running_stack(tmp: Path, receiver: FakeVigilmon, fault: str, rank: int,
                   ranks: int = 2, restarts: int = 0,
                   shipped_for: tuple[str, ...] = (), topology: str = "booster",
                   nodes: int = 1, agent_defaults: bool = False,
-                  gpus: int = 0, release: str = "bookworm") -> Iterator[Stack]:
+                  gpus: int = 0, release: str = "bookworm",
+                  serve: str = "rank0") -> Iterator[Stack]:
     """Receiver, Alertmanager, agents and Prometheus first, then the job: Prometheus sees
     the job from its first second, as it would a job started under a running stack.
 
@@ -297,7 +301,10 @@ def running_stack(tmp: Path, receiver: FakeVigilmon, fault: str, rank: int,
     for name in shipped_for:
         del override["for"][name]
     rules = render_rules(tmp, yaml.safe_dump(override))
-    master_port, rank0_port = free_port(), free_port()
+    master_port = free_port()
+    # serve="local": every rank serves, on the port plus its local rank (one node).
+    rank0_port = consecutive_free_ports(ranks if serve == "local" else 1)
+    servers = [f"127.0.0.1:{rank0_port + i}" for i in range(ranks if serve == "local" else 1)]
     with contextlib.ExitStack() as stop:
         alertmanager = stop.enter_context(running_alertmanager(
             alertmanager_config(tmp, receiver.url), tmp, alertmanager_binary))
@@ -318,7 +325,7 @@ def running_stack(tmp: Path, receiver: FakeVigilmon, fault: str, rank: int,
             agents.append(start_agent(args, port, env))
             stop.callback(lambda node=node: agents[node].close())
         config = prometheus_config(tmp, rules, alertmanager.removeprefix("http://"),
-                                   f"127.0.0.1:{rank0_port}",
+                                   servers,
                                    [f"127.0.0.1:{a.port}" for a in agents])
         stack = Stack(tmp, run_prometheus(config, tmp, free_port(), prometheus_binary),
                       alertmanager, receiver, [], agents, f"http://127.0.0.1:{rank0_port}",
@@ -326,10 +333,29 @@ def running_stack(tmp: Path, receiver: FakeVigilmon, fault: str, rank: int,
         stop.callback(lambda: stop_process(stack.prometheus.proc, timeout=15))
         for node in range(nodes):
             job = start_job(tmp, fault, rank, checkpoint_dir, master_port, rank0_port,
-                            checkpoint_every, ranks, restarts, topology, nodes, node)
+                            checkpoint_every, ranks, restarts, topology, nodes, node,
+                            serve=serve)
             stack.jobs.append(job)
             stop.callback(job.stop)
         yield stack
+
+
+def consecutive_free_ports(count: int) -> int:
+    """The first of ``count`` consecutive ports free now (free_port's, and the next)."""
+    for _ in range(100):
+        first = free_port()
+        if count == 1 or all(port_free(first + i) for i in range(1, count)):
+            return first
+    raise AssertionError(f"no {count} consecutive free ports")
+
+
+def port_free(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("", port))
+        except OSError:
+            return False
+    return True
 
 
 def wait_healthy(stack: Stack) -> None:

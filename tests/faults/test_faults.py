@@ -93,6 +93,9 @@ class Case:
     # Debian testing's (Prometheus 3, a current Alertmanager), so that the pages are
     # proven on both without running every case twice
     release: str = "bookworm"
+    # "local": every rank serves /metrics, each a target of the training job (docs/
+    # training.md, serve), so TrainingStalled reads every rank, not rank 0 alone
+    serve: str = "rank0"
 
 
 # A hang that goes on to end the run (the process group's timeout), in the form NCCL's
@@ -327,6 +330,15 @@ CASES = [
     Case("rank0-save", "the tutorial's save: rank 0 alone saves a checkpoint of 12 s (beyond "
          "the 5 s step budget, within its 60 s checkpoint budget) while rank 1 goes on into "
          "the next step's all-reduce and waits for it there", "rank0_save", 0, (), quiet=25.0),
+    Case("rank0-save-every-rank-serves", "the tutorial's save of 12 s on rank 0 alone, as "
+         "above, in a run where every rank serves /metrics (serve=\"local\"): rank 1's own "
+         "server reports it stalled while it waits", "rank0_save", 0, (), quiet=25.0,
+         serve="local", release="current"),
+    Case("frozen-compute-every-rank-serves", "rank 1 frozen in compute while rank 0 waits, "
+         "in a run where every rank serves /metrics (serve=\"local\")", "frozen_compute", 1,
+         ("TrainingHangSuspect",), {"rank": "1", "cause": "outside_collective"},
+         ("is the rank the others wait for", "in compute at train.py:"),
+         muted=("TrainingStalled",), serve="local"),
     Case("solo-evaluation", "rank 1 alone evaluates for 12 s (beyond the 5 s step budget, "
          "within evaluation's) while rank 0, whose server the run serves, waits for it in "
          "the next step's all-reduce", "solo_eval", 1, (), quiet=25.0, release="current"),
@@ -509,7 +521,8 @@ def test_the_failure_pages_with_its_cause_and_nothing_else(
                           checkpoint_every=10**9 if case.target != "dir" else 50,
                           ranks=case.ranks, restarts=case.restarts,
                           shipped_for=case.shipped_for, topology=case.topology,
-                          nodes=case.nodes, gpus=case.gpus, release=case.release) as stack:
+                          nodes=case.nodes, gpus=case.gpus, release=case.release,
+                          serve=case.serve) as stack:
         if case.trigger == "start":
             wait_for_snapshot(stack, max(case.rank, 0))
             # a crash loop fails first right after its first start
