@@ -342,6 +342,10 @@ CASES = [
     Case("solo-evaluation", "rank 1 alone evaluates for 12 s (beyond the 5 s step budget, "
          "within evaluation's) while rank 0, whose server the run serves, waits for it in "
          "the next step's all-reduce", "solo_eval", 1, (), quiet=25.0, release="current"),
+    Case("unwrapped-evaluation", "a 12 s validation loop on every rank as most scripts "
+         "write it (model.eval(), batches under no_grad, model.train()), without "
+         "monitor.evaluation(): beyond the 5 s step budget", "unwrapped_eval", -1, (),
+         quiet=25.0, release="current"),
     Case("long-evaluation", "a 20 s evaluation on every rank (4 step budgets)", "long_eval",
          -1, (), quiet=25.0),
     Case("kernel-build-fails", "ColossalAI's CPU Adam kernel does not load (HybridAdam on "

@@ -288,6 +288,18 @@ def main() -> int:
             armed.clear()
             with monitor.evaluation():
                 time.sleep(RANK0_SAVE_SECONDS)
+        if armed.is_set() and FAULT == "unwrapped_eval":
+            # A validation loop as most scripts write it: model.eval(), batches under
+            # no_grad, model.train(); longer than the step budget, and the monitor not
+            # told (no monitor.evaluation()).
+            armed.clear()
+            model.eval()
+            deadline = time.monotonic() + RANK0_SAVE_SECONDS
+            with torch.no_grad():
+                while time.monotonic() < deadline:
+                    model(next(batches))
+                    time.sleep(0.1)
+            model.train()
         if armed.is_set() and FAULT == "long_eval":
             armed.clear()
             with monitor.evaluation():

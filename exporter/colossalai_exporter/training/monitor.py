@@ -35,6 +35,7 @@ from colossalai_exporter.training import activity, flight_recorder
 from colossalai_exporter.training import fatal as _fatal_hook
 from colossalai_exporter.training.device_loss import DeviceLossReader
 from colossalai_exporter.training.errors import error_record
+from colossalai_exporter.training.eval_mode import EvalModeWatch
 from colossalai_exporter.training.evidence import StallEvidence
 from colossalai_exporter.training.heartbeat import HeartbeatSender
 from colossalai_exporter.training.oom import classify_oom
@@ -171,6 +172,7 @@ class TrainingMonitor:
         self._phases = Phases(self._state, self._publisher,
                               record_exception=self._record_exception, error=self._error,
                               checkpoint_done=self._heartbeats.checkpoint_done)
+        self._eval_mode = EvalModeWatch(self._state, self._steps, self._phases, self.budgets)
         self._info_defaults()
         if start:
             self.start()
@@ -359,6 +361,8 @@ class TrainingMonitor:
         """
         from colossalai_exporter.training import colossal
 
+        if model is not None:
+            self._eval_mode.model = model
         try:
             colossal.watch_booster(self, booster)
             if model is not None:
@@ -380,6 +384,8 @@ class TrainingMonitor:
         except BaseException as exc:
             self._record_exception(exc, "boost")
             raise
+        if isinstance(result, (tuple, list)) and result:
+            self._eval_mode.model = result[0]
         try:
             if isinstance(result, (tuple, list)) and result:
                 colossal.hook_gemini(self, result[0])
@@ -494,6 +500,10 @@ class TrainingMonitor:
                 poller(state)
             except Exception as exc:
                 self._error("hook", exc)
+        try:
+            self._eval_mode.check()
+        except Exception as exc:  # a model whose `training` raises: leave the phase be
+            self._error("hook", exc)
 
     def _sample_activity(self, snap: Snapshot) -> None:
         # From the publisher (or a scrape's) thread; a few microseconds, nothing on the

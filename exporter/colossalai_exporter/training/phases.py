@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
@@ -44,6 +45,7 @@ class Phases:
         self._error = error
         self._checkpoint_done = checkpoint_done
         self._kernel_depth = 0  # nested kernels() blocks (a loader that loads another)
+        self._lock = threading.Lock()
         self._checkpoint_path: str | os.PathLike[str] | None = None
 
     def enter(self, name: str) -> None:
@@ -55,8 +57,9 @@ class Phases:
             return  # the run's outcome is final
         if name == "kernels":
             state.kernels_ready = False
-        state.phase_start = _wall()
-        state.phase = name
+        with self._lock:  # not against enter_unannounced's check, on the publisher's thread
+            state.phase_start = _wall()
+            state.phase = name
         # Every phase change is written by the thread making it, before it goes on: a
         # process that freezes holding the GIL right after (torch.save opening a file on
         # a hung mount, the first step after a checkpoint hung in a C call) never lets
@@ -66,6 +69,17 @@ class Phases:
         # nothing a step would notice; steps never publish.
         if self._publisher.started:
             self._publisher.publish_now()
+
+    def enter_unannounced(self, name: str, *, since: float, only_from: str) -> None:
+        """Enter ``name`` as of ``since`` (wall clock), if the phase is still ``only_from``,
+        without publishing: for the publisher's own thread, in the publish that writes
+        it (training/eval_mode.py). The check and the change are one step against a
+        phase the training thread enters meanwhile (a checkpoint), which must win."""
+        with self._lock:
+            state = self._state
+            if state.phase == only_from:
+                state.phase_start = since
+                state.phase = name
 
     @contextlib.contextmanager
     def kernels(self) -> Iterator[None]:

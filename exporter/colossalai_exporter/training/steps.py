@@ -85,6 +85,10 @@ class StepCounter:
         #: the last step's loss, as given (maybe a device tensor), for the publisher
         self.loss_ref: Any = None
 
+    def in_step(self) -> bool:
+        """Whether the training thread is inside a step now (for other threads)."""
+        return self._step._busy
+
     def step(self, samples: int, tokens: int) -> Step:
         step = self._step
         if step._busy:  # a step inside a step: give it its own object

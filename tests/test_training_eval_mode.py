@@ -1,0 +1,127 @@
+"""An evaluation the monitor is not told of (training/eval_mode.py): a rank whose
+watched model is in eval mode, outside any step, with no step for a while, is in
+phase evaluating from its last step, with evaluation's budget, until its next step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from colossalai_exporter import Budgets, TrainingMonitor
+from colossalai_exporter.rankstate.files import read_snapshot, snapshot_path
+from colossalai_exporter.rankstate.schema import Snapshot
+from colossalai_exporter.training import eval_mode
+from conftest import wait_until
+
+IDLE = 0.3  # the least idle time that counts, shortened for the test (10 s shipped)
+
+
+@pytest.fixture
+def short_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(eval_mode, "MIN_IDLE_SECONDS", IDLE)
+
+
+def watched(tmp_path: Path, model: Any) -> TrainingMonitor:
+    monitor = TrainingMonitor(serve="none", run_dir=tmp_path, publish_interval=0.05,
+                              record_signals=False,
+                              budgets=Budgets(step=60.0, evaluation=900.0))
+    monitor.watch(SimpleNamespace(), model)  # a booster with no plugin: nothing to hook
+    for _ in range(3):
+        with monitor.step():
+            pass
+    return monitor
+
+
+def on_disk(tmp_path: Path) -> Snapshot:
+    return read_snapshot(snapshot_path(tmp_path, 0))
+
+
+def publishes(tmp_path: Path, count: int) -> None:
+    """Wait for ``count`` more snapshots to be written (each publish checks the mode)."""
+    seen = [on_disk(tmp_path).written]
+
+    def written() -> bool:
+        now = on_disk(tmp_path).written
+        if now != seen[-1]:
+            seen.append(now)
+        return len(seen) > count
+
+    wait_until(written, timeout=30, interval=0.01, what=f"{count} publishes")
+
+
+def test_an_evaluation_in_eval_mode_is_phase_evaluating_until_the_next_step(
+        tmp_path: Path, short_idle: None) -> None:
+    model = SimpleNamespace(training=True)
+    monitor = watched(tmp_path, model)
+    try:
+        model.training = False  # model.eval(): the validation loop begins
+        wait_until(lambda: on_disk(tmp_path).phase == "evaluating", timeout=30,
+                   interval=0.02, what="phase evaluating")
+        snap = on_disk(tmp_path)
+        assert snap.last_step is not None
+        assert snap.phase_start == snap.last_step  # from the last step on
+        assert snap.timeout == 900.0 and not snap.stalled  # evaluation's budget
+        model.training = True  # model.train(), then the next step
+        with monitor.step():
+            pass
+        assert on_disk(tmp_path).phase == "training"  # written by the step's thread
+    finally:
+        monitor.close()
+
+
+def test_train_mode_or_a_step_in_progress_stays_training(
+        tmp_path: Path, short_idle: None) -> None:
+    model = SimpleNamespace(training=True)
+    monitor = watched(tmp_path, model)
+    try:
+        publishes(tmp_path, 2 + int(IDLE / 0.05))  # idle, in train mode: past IDLE
+        assert on_disk(tmp_path).phase == "training"
+        model.training = False  # eval mode inside a step (a rollout, say)
+        with monitor.step():
+            publishes(tmp_path, 2 + int(IDLE / 0.05))
+            assert on_disk(tmp_path).phase == "training"
+    finally:
+        monitor.close()
+
+
+def test_training_in_eval_mode_never_leaves_training(tmp_path: Path, short_idle: None) -> None:
+    """A script that trains with its model in eval mode (dropout off) steps far more
+    often than the idle time: it stays in training, and no step publishes a return."""
+    model = SimpleNamespace(training=False)
+    monitor = watched(tmp_path, model)
+    phases: list[str] = []
+    try:
+        deadline = on_disk(tmp_path).written + 4 * IDLE
+        while on_disk(tmp_path).written < deadline:
+            with monitor.step():
+                phases.append(on_disk(tmp_path).phase)
+    finally:
+        monitor.close()
+    assert set(phases) == {"training"}, phases
+
+
+def test_an_explicit_phase_wins(tmp_path: Path, short_idle: None) -> None:
+    """A checkpoint entered by the training thread is never replaced by evaluating."""
+    model = SimpleNamespace(training=False)
+    monitor = watched(tmp_path, model)
+    try:
+        with monitor.checkpoint(3):
+            publishes(tmp_path, 2 + int(IDLE / 0.05))
+            assert on_disk(tmp_path).phase == "checkpointing"
+    finally:
+        monitor.close()
+
+
+def test_no_model_no_change(tmp_path: Path, short_idle: None) -> None:
+    monitor = TrainingMonitor(serve="none", run_dir=tmp_path, publish_interval=0.05,
+                              record_signals=False)
+    try:
+        with monitor.step():
+            pass
+        publishes(tmp_path, 2 + int(IDLE / 0.05))
+        assert on_disk(tmp_path).phase == "training"
+    finally:
+        monitor.close()
