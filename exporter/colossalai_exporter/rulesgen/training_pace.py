@@ -86,10 +86,18 @@ def step_mean(rank_servers: Selector) -> str:
 def stragglers(rank_servers: Selector, node_agents: Selector,
                thresholds: Thresholds) -> tuple[Alert, Alert]:
     """TrainingStraggler by step rate, then by the share of time waiting."""
+    # As for waits_least: a job with a stalled, failed or unanswering rank hangs or dies,
+    # and the step rates of its ranks, all falling, say nothing of a straggler. Where
+    # every rank serves (serve="local"), a hung rank's rate fell first and paged it a
+    # second time, as a straggler, under its hang's page (the fault suite, once).
+    stalled_jobs = block(f"{stalled_now(rank_servers)}\n"
+                         f"or ignoring (phase) {in_phase(rank_servers, FAILED)}\n"
+                         f"or {down(rank_servers)}", "count by (job)")
     return (
         Alert(
             "TrainingStraggler",
-            f"{STEP_RATE_RATIO} < {number(thresholds.straggler_ratio)}",
+            f"{STEP_RATE_RATIO} < {number(thresholds.straggler_ratio)}\n"
+            f"unless on (job)\n{indent(stalled_jobs)}",
             "warning", SUMMARY,
             fill("Rank [[$rank]] of job [[$job]] steps at {{ $value | humanizePercentage }} of "
                  "the job's median rate ([[median]] steps/s), below [[ratio]].",
