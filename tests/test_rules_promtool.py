@@ -50,6 +50,8 @@ def test_promtool_check_rules_is_clean(tmp_path: Path, release: str) -> None:
     result = _promtool("check", "rules", *map(str, RULE_FILES), str(spec), release=release)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
+    # promtool's lint (two rules of one name with the same labels, say) exits 0 as well
+    assert "FAILED" not in result.stdout + result.stderr, result.stdout + result.stderr
 
 
 @pytest.mark.parametrize("release", RELEASES)

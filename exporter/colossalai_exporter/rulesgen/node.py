@@ -189,14 +189,14 @@ def rank_state_unreadable(node_agents: Selector, window: Duration) -> tuple[Aler
                  reason=query("colossalai_exporter_collector_failure_info",
                               ("job", "instance", "collector"), 'label "reason"'),
                  **{"for": window}),
-            nodes_dashboard()),
+            nodes_dashboard(), cause="collector"),
         Alert(
             "RankStateUnreadable",
             f"increase({node_agents('colossalai_rank_snapshot_errors_total')}[5m]) > 0",
             "warning", "The node agent cannot see its training ranks.",
             fill("Reads of rank snapshots on [[$instance]] could not be trusted for [[for]] "
                  "([[$reason]]): " + _UNTRUSTED + ". " + why, **{"for": window}),
-            nodes_dashboard()),
+            nodes_dashboard(), cause="snapshots"),
     )
 
 
