@@ -83,6 +83,14 @@ def step_mean(rank_servers: Selector) -> str:
     return f"{rate('sum')}\n/\n{rate('count')}"
 
 
+def not_stepping_on(view: Selector) -> str:
+    """The ranks of ``view`` that are stalled, failed or down: a job or run with one
+    hangs or dies, and its ranks' pace says nothing of a straggler."""
+    return (f"{stalled_now(view)}\n"
+            f"or ignoring (phase) {in_phase(view, FAILED)}\n"
+            f"or {down(view)}")
+
+
 def stragglers(rank_servers: Selector, node_agents: Selector,
                thresholds: Thresholds) -> tuple[Alert, Alert]:
     """TrainingStraggler by step rate, then by the share of time waiting."""
@@ -90,9 +98,7 @@ def stragglers(rank_servers: Selector, node_agents: Selector,
     # and the step rates of its ranks, all falling, say nothing of a straggler. Where
     # every rank serves (serve="local"), a hung rank's rate fell first and paged it a
     # second time, as a straggler, under its hang's page (the fault suite, once).
-    stalled_jobs = block(f"{stalled_now(rank_servers)}\n"
-                         f"or ignoring (phase) {in_phase(rank_servers, FAILED)}\n"
-                         f"or {down(rank_servers)}", "count by (job)")
+    stalled_jobs = block(not_stepping_on(rank_servers), "count by (job)")
     return (
         Alert(
             "TrainingStraggler",
@@ -115,10 +121,7 @@ def waits_least(rank_servers: Selector, node_agents: Selector, thresholds: Thres
     # A run with a stalled, failed or unanswering rank hangs or dies (the hang and
     # rank-down alerts'): its ranks' shares of time waiting say nothing about a
     # straggler then.
-    stalled_runs = runs_with(on_any_rank(
-        lambda view: (f"{stalled_now(view)}\n"
-                      f"or ignoring (phase) {in_phase(view, FAILED)}\n"
-                      f"or {down(view)}"), rank_servers, node_agents))
+    stalled_runs = runs_with(on_any_rank(not_stepping_on, rank_servers, node_agents))
     return Alert(
         "TrainingStraggler",
         expr(f"""

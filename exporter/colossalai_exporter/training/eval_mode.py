@@ -39,7 +39,7 @@ class EvalModeWatch:
         self._phases = phases
         self.model: Any = None
 
-    def check(self, now: float | None = None) -> None:
+    def check(self) -> None:
         """Enter phase evaluating if the model is evaluating (module docstring)."""
         model, state = self.model, self._state
         if model is None or state.phase != "training" or state.last_step is None:
@@ -49,7 +49,6 @@ class EvalModeWatch:
         longest = state.longest_recent_step()
         budget = self._budgets.for_phase("training", longest)
         idle = min(max(MIN_IDLE_SECONDS, 2 * (longest or 0.0)), budget / 2)
-        now = time.time() if now is None else now
-        if now - state.last_step < idle:
+        if time.time() - state.last_step < idle:
             return
         self._phases.enter_unannounced("evaluating", since=state.last_step, only_from="training")
