@@ -365,6 +365,21 @@ CASES = [
     Case("kernel-build-slow", "a kernel JIT build on rank 1 longer than its budget (5 s)",
          "kernel_build_slow", 1, ("TrainingStartupStuck",), {"rank": "1", "phase": "kernels"},
          ("phase kernels",), trigger="start"),
+    # Start-up: the rendezvous waits for every rank of the world, so a rank that does not
+    # come is waited for by all the others, each in phase init past its budget too.
+    Case("slow-start", "rank 1 blocks before it joins the process group (a read that never "
+         "returns) while rank 0 waits for it in init_process_group, both beyond the 5 s "
+         "start-up budget", "slow_start", 1, ("TrainingStartupStuck",),
+         {"rank": "1", "phase": "init"},
+         ("has been in phase init for", "It is in compute at train.py:",
+          "in prepare_data while 1 other rank(s) wait in collective (init_process_group)"),
+         trigger="start"),
+    Case("ranks-never-start", "ranks 2 and 3 of 4 never start (their node did not come up, "
+         "under a launcher that starts each rank itself, as srun does): ranks 0 and 1 wait "
+         "for them in init_process_group beyond the 5 s start-up budget",
+         "ranks_never_start", -1, ("TrainingStartupStuck",), {"phase": "init"},
+         ("has not started: only 2 of its 4 ranks have reported",
+          "It is in collective (init_process_group)"), trigger="start", release="current"),
 ]
 
 
@@ -489,8 +504,8 @@ def started_failing(stack: Stack, case: Case) -> float:
     """When a start-up fault happened, as the failing rank recorded it."""
     rank = max(case.rank, 0)
     snap = stack.job.snapshot(rank)
-    if case.fault == "kernel_build_slow":
-        return snap.phase_start  # entering phase kernels
+    if case.fault in ("kernel_build_slow", "slow_start", "ranks_never_start"):
+        return snap.phase_start  # entering the phase it is stuck in
     wait_until(lambda: stack.job.snapshot(rank).last_error, timeout=60,
                what=f"rank {rank}'s error recorded (log: {stack.job.log})")
     error = stack.job.snapshot(rank).last_error

@@ -12,6 +12,12 @@ the others).
 the running loop wait for SIGUSR1, which the test sends once Prometheus has seen
 the run healthy; start-up failures (kernels) happen on their own.
 
+Two start-up failures happen before the process group exists: ``slow_start``, the
+faulty rank blocked before ``launch_from_torch`` (the others wait for it in
+``init_process_group``), and ``ranks_never_start``, a world twice torchrun's, as a
+launcher that starts each rank itself gives it when half its ranks' nodes never come
+up (the ranks that did start wait in ``init_process_group`` for the rest).
+
 ``TOPOLOGY`` shapes the job: ``booster`` (the default: ColossalAI's Booster with
 TorchDDPPlugin, gradients all-reduced in backward), ``pairs`` (four ranks, plain
 torch: each step an all-reduce within a pair, ``new_group([0, 1])`` and
@@ -164,19 +170,29 @@ STEP_BUDGET = 40.0 if FAULT in SHORT_TIMEOUTS else {"lifecycle": 20.0}.get(FAULT
 # real one's, far above the step budget, as a large model's save takes minutes.
 CHECKPOINT_BUDGET = {"rank0_save": 60.0}.get(FAULT, 5.0)
 RANK0_SAVE_SECONDS = 12.0  # beyond the step budget (5 s) twice over
+# The start-up budget: a real one's (model set-up, the rendezvous), except where the
+# start-up itself is the failure.
+STARTUP_BUDGET = {"slow_start": 5.0, "ranks_never_start": 5.0}.get(FAULT, 120.0)
 
 
 def main() -> int:
+    if FAULT == "ranks_never_start":
+        # A world twice torchrun's, as a launcher that starts every rank itself (srun,
+        # mpirun) gives each rank: the other half's node never came up, so this half
+        # waits for it in init_process_group.
+        os.environ["WORLD_SIZE"] = str(2 * int(os.environ["WORLD_SIZE"]))
     # First, as docs/training.md shows: a start that dies in the rendezvous is seen too.
     monitor = TrainingMonitor(
         budgets=Budgets(step=STEP_BUDGET, checkpoint=CHECKPOINT_BUDGET, kernels=5.0,
-                        startup=120.0),
+                        startup=STARTUP_BUDGET),
         publish_interval=0.5)
     if FAULT == "resume_fails" and monitor.rank == FAULT_RANK:
         # Every start reads the data shard the last run got to, which is gone: the
         # same exception at each of torchrun's restarts, a crash loop.
         with open(CHECKPOINT_DIR / "data" / "shard-00017.bin", "rb") as shard:
             shard.read()
+    if FAULT == "slow_start" and monitor.rank == FAULT_RANK:
+        prepare_data()
     if FAULT.startswith("hang_then_"):
         # What init_process_group(timeout=...) sets; ColossalAI's launch passes none.
         import torch.distributed.distributed_c10d as c10d
@@ -354,6 +370,12 @@ def hold_connections_open() -> None:
     if os.fork() == 0:
         time.sleep(120)
         os._exit(0)
+
+
+def prepare_data() -> None:
+    """What a rank does before it joins the process group (a dataset index read from a
+    network filesystem), blocked: a read that never returns, the GIL released."""
+    time.sleep(600)
 
 
 def after_training(model: Any) -> None:

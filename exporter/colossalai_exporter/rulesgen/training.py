@@ -38,7 +38,13 @@ from colossalai_exporter.rulesgen.training_goodput import (
 from colossalai_exporter.rulesgen.training_hangs import hang_suspects
 from colossalai_exporter.rulesgen.training_heartbeats import heartbeats_failing
 from colossalai_exporter.rulesgen.training_pace import recording, stragglers
-from colossalai_exporter.rulesgen.training_stalls import checkpoint_stuck, stalled, startup_stuck
+from colossalai_exporter.rulesgen.training_stalls import (
+    BUSY_RUNS,
+    busy_runs,
+    checkpoint_stuck,
+    stalled,
+    startup_stuck,
+)
 
 
 def training(config: RulesConfig) -> RuleFile:
@@ -58,6 +64,7 @@ def training(config: RulesConfig) -> RuleFile:
         Recording(STALLED_RANKS, stalled_ranks_rule(rank_servers, node_agents)),
         Recording(TROUBLED_RUN, troubled_runs()),
         Recording(LOST_RANKS, lost_ranks(node_agents, thresholds.node_lost_window)),
+        Recording(BUSY_RUNS, busy_runs(rank_servers, node_agents)),
         stalled(rank_servers, node_agents),
         *hang_suspects(rank_servers, node_agents, thresholds.hang_after_timeout_for),
         startup_stuck(rank_servers, node_agents),

@@ -127,7 +127,7 @@ def while_others_wait(vector: str) -> str:
     return f"{vector}\nand on (run)\n  {WAITING_RUNS}"
 
 
-def _waiting_text() -> str:
+def waiting_text() -> str:
     """" while 3 other rank(s) wait in collective (all_reduce)": the run's waiting ranks,
     largest group first."""
     # Both views, each rank once: the rank servers' scrape may see a waiting rank's
@@ -160,7 +160,7 @@ def outside_collective(rank_servers: Selector, node_agents: Selector) -> Alert:
              "it has made no step within its budget and is outside any collective, in "
              "[[$activity]] at [[frame]][[waiting]].[[last_error]]",
              frame=with_first(ACTIVITY, RANK, "{{ .Labels.frame }}"),
-             waiting=_waiting_text(), last_error=last_error()),
+             waiting=waiting_text(), last_error=last_error()),
         training_dashboard(), cause="outside_collective")
 
 
@@ -187,7 +187,7 @@ def not_responding(rank_servers: Selector, node_agents: Selector) -> Alert:
              "[[last_error]]",
              why=(f"{{{{ if {stopped} }}}}process stopped: SIGSTOP or a debugger{{{{ else }}}}"
                   "GIL held by a C call, or the process frozen{{ end }}"),
-             age=snapshot_age(), waiting=_waiting_text(), last_error=last_error()),
+             age=snapshot_age(), waiting=waiting_text(), last_error=last_error()),
         nodes_dashboard(), cause="not_responding")
 
 
@@ -208,7 +208,7 @@ def nccl_problem(rank_servers: Selector, node_agents: Selector) -> Alert:
                              "communicator {{ .Labels.comm }} in collectives{{ else }}"
                              "{{ .Labels.problem }} in communicator {{ .Labels.comm }}"
                              "{{ end }}"),
-             waiting=_waiting_text(), last_error=last_error()),
+             waiting=waiting_text(), last_error=last_error()),
         nodes_dashboard(), cause="nccl")
 
 

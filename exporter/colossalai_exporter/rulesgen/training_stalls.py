@@ -13,6 +13,7 @@ from __future__ import annotations
 from colossalai_exporter.rulesgen.common import (
     ACTIVITY,
     FINISHED,
+    INFO,
     RANK,
     STALLED,
     TRAINING,
@@ -34,14 +35,16 @@ from colossalai_exporter.rulesgen.model import Alert
 from colossalai_exporter.rulesgen.promql import (
     Selector,
     block,
+    choose,
     expr,
     fill,
+    first_sample,
     indent,
     query,
     with_first,
 )
 from colossalai_exporter.rulesgen.training_deaths import EXIT, FINISHED_EXIT, stalled_waiting
-from colossalai_exporter.rulesgen.training_hangs import NOT_WAITING, waiting_ranks
+from colossalai_exporter.rulesgen.training_hangs import NOT_WAITING, waiting_ranks, waiting_text
 
 BUDGET = "colossalai_training_step_timeout_seconds"
 PHASE_START = "colossalai_training_phase_start_timestamp_seconds"
@@ -85,7 +88,7 @@ def stalled(rank_servers: Selector, node_agents: Selector) -> Alert:
     return Alert(
         "TrainingStalled",
         f"{block(with_run(only_in_phase(rank_servers, without_step, TRAINING)))}\n"
-        f"unless on (run, rank)\n{block(waiting_for_busy(rank_servers, node_agents))}\n"
+        f"unless on (run, rank)\n{block(waiting_for_busy(stalled_waiting(rank_servers)))}\n"
         f"unless on (run)\n{block(after_the_loop(rank_servers, node_agents))}",
         "critical", "A training rank has made no step for longer than its step budget.",
         fill("Rank [[$rank]] of job [[$job]] ([[$instance]]) has made no training step "
@@ -100,20 +103,31 @@ def stalled(rank_servers: Selector, node_agents: Selector) -> Alert:
         training_dashboard())
 
 
-def waiting_for_busy(rank_servers: Selector, node_agents: Selector) -> str:
-    """The stalled ranks of the rank servers (by run and rank) that wait in a collective
-    in runs where another rank is in a phase of BUSY, not stalled: a save or an
-    evaluation on one rank, within its budget, which the others wait for in their next
-    step's collective. Its budget decides (CheckpointStuck, TrainingStartupStuck); the
-    waiting ranks' step budget does not: paged, a run that saved from rank 0 for longer
-    than a step's budget paged the ranks that waited for it. A rank that waits counts
-    by its activity or its collective in flight (training_deaths.stalled_waiting)."""
+#: The runs with a rank in a phase of BUSY and not stalled, valued by how many: recorded
+#: once an evaluation (before the alerts of its group) for the alerts that leave out the
+#: ranks waiting for such a rank (TrainingStalled, TrainingStartupStuck).
+BUSY_RUNS = "run:colossalai_training_ranks_busy:count"
+
+
+def busy_runs(rank_servers: Selector, node_agents: Selector) -> str:
+    """BUSY_RUNS' expression: a rank busy within its own budget, in either view."""
     def busy(view: Selector) -> str:
         return (f"{in_phase(view, BUSY)}\nunless on (job, instance, rank)\n"
                 f"  {stalled_now(view)}")
 
-    busy_runs = runs_with(with_run(f"{busy(node_agents)}\nor\n{busy(rank_servers)}"))
-    return f"{stalled_waiting(rank_servers)}\nand on (run)\n{block(busy_runs)}"
+    return runs_with(with_run(f"{busy(node_agents)}\nor\n{busy(rank_servers)}"))
+
+
+def waiting_for_busy(waiting: str) -> str:
+    """The ranks of ``waiting`` (stalled ranks that wait in a collective, with their run)
+    in runs where another rank is busy within its own budget (BUSY_RUNS): a save or an
+    evaluation on one rank, which the others wait for in their next step's collective,
+    or a rank still starting, which the others wait for in the rendezvous. Its budget
+    decides (CheckpointStuck, TrainingStartupStuck); the waiting ranks' does not: paged,
+    a run that saved from rank 0 for longer than a step's budget paged the ranks that
+    waited for it. A rank that waits counts by its activity or its collective in flight
+    (training_deaths.stalled_waiting)."""
+    return f"{block(waiting)}\nand on (run)\n  {BUSY_RUNS}"
 
 
 def after_the_loop(rank_servers: Selector, node_agents: Selector) -> str:
@@ -129,7 +143,27 @@ def after_the_loop(rank_servers: Selector, node_agents: Selector) -> str:
             f"unless on (run)\n{block(waiting)}")
 
 
-def phase_over_budget(name: str, phases: tuple[str, ...], summary: str, what: str,
+# Where a stuck rank's training thread is (its activity, served while it is stalled):
+# the frame a save or a start-up is stuck in, the collective when it waits in one, and
+# the ranks of its run that wait for it.
+WHERE_STUCK = with_first(
+    ACTIVITY, RANK,
+    " It is in {{ .Labels.activity }}{{ with .Labels.collective }} ({{ . }}){{ end }}"
+    f" at {{{{ .Labels.frame }}}}{waiting_text()}.")
+
+
+def over_budget_text(what: str) -> str:
+    """"Rank 0 of run R on N has been in phase P for 8s, beyond its budget of 5s: <what>.
+    It is in …", with its last error: the description of a rank stuck in one phase."""
+    return fill("Rank [[$rank]][[of_run]] on [[$instance]] has been in phase "
+                "[[$phase]] for [[in_phase]], beyond its budget of [[budget]]: [[what]]."
+                "[[where]][[last_error]]", budget=_budget(), what=what, where=WHERE_STUCK,
+                in_phase=query(PHASE_START, RANK, "value | humanizeDuration",
+                               before="time() - "),
+                last_error=last_error())
+
+
+def phase_over_budget(name: str, phases: tuple[str, ...], summary: str, description: str,
                       rank_servers: Selector, node_agents: Selector,
                       unless: str | None = None) -> Alert:
     """``name``: a rank in one of ``phases`` for longer than its budget, in either view,
@@ -153,23 +187,57 @@ def phase_over_budget(name: str, phases: tuple[str, ...], summary: str, what: st
     if unless is not None:
         # Parenthesised: "unless" binds tighter than on_any_rank's "or".
         stuck = f"{block(stuck)}\nunless on (run, rank)\n{block(unless)}"
-    return Alert(
-        name, stuck, "critical", summary,
-        fill("Rank [[$rank]][[of_run]] on [[$instance]] has been in phase "
-             "[[$phase]] for [[in_phase]], beyond its budget of "
-             "[[budget]]: [[what]].[[last_error]]", budget=_budget(), what=what,
-             in_phase=query(PHASE_START, RANK, "value | humanizeDuration",
-                            before="time() - "),
-             last_error=last_error()),
-        training_dashboard())
+    return Alert(name, stuck, "critical", summary, description, training_dashboard())
+
+
+def unreported_ranks() -> str:
+    """Template text that sets ``$unreported`` to "only 2 of its 4 ranks have reported"
+    when fewer of the alert's run's ranks (either view, each once) have reported than
+    its world size, and leaves it empty otherwise.
+
+    A rank waits in ``init_process_group`` until every rank of the world has joined. A
+    launcher that starts every rank itself (``srun``, ``mpirun``) leaves the ranks that
+    did start waiting there when a node never comes up: nothing of the missing ranks
+    reaches Prometheus, so only the count says what the waiting ones wait for. (torchrun
+    starts no rank until every node's launcher has joined its own rendezvous.) The
+    world size is a label of the info, compared as text: PromQL cannot read a label as a
+    number, and Go templates cannot compare a string with a float."""
+    seen = f"count(count by (rank) ({INFO}{{run=%q}}))"
+    compare = ('{{ $seen := .Value | printf "%.0f" }}{{ if ne $seen $world }}'
+               '{{ $unreported = printf "only %s of its %s ranks have reported" '
+               "$seen $world }}{{ end }}")
+    world = first_sample(f"{INFO}{{run=%q}}", "$labels.run",
+                         "{{ with .Labels.world_size }}{{ $world := . }}"
+                         + first_sample(seen, "$labels.run", compare) + "{{ end }}")
+    return '{{ $unreported := "" }}{{ with $labels.run }}' + world + "{{ end }}"
 
 
 def startup_stuck(rank_servers: Selector, node_agents: Selector) -> Alert:
-    """TrainingStartupStuck: model set-up or a kernel build beyond the start-up budget."""
+    """TrainingStartupStuck: model set-up, the rendezvous or a kernel build beyond the
+    start-up budget, not for a rank that waits in a collective (the rendezvous, a model
+    broadcast) for another rank of its run that is stuck itself or down
+    (waiting_for_another), or still busy within its own budget (waiting_for_busy: ranks
+    start minutes apart where a node pulls its image late): paged, a rank waiting in
+    ``init_process_group`` for a rank blocked before it was a second culprit, and the
+    first one the page named.
+
+    Where ranks of the run never reported, the description leads with that: the
+    ranks that did start all wait for them, and none of those is the cause."""
+    stuck = over_budget_text(choose(
+        "$labels.phase", [('"kernels"', "a JIT kernel build or load that does not finish")],
+        "start-up that does not finish (the process group's rendezvous, model set-up, "
+        "data preparation)"))
+    missing = fill("Run [[$run]] has not started: {{ $unreported }}, and the others never "
+                   "started (a node or its launcher that did not come up) or no Prometheus "
+                   "target reads them. ")
     return phase_over_budget(
         "TrainingStartupStuck", ("init", "kernels"),
         "A training rank is stuck in start-up (init or kernel build) beyond its budget.",
-        "model set-up or a JIT kernel build that does not finish", rank_servers, node_agents)
+        f"{unreported_ranks()}{{{{ if $unreported }}}}{missing}{{{{ end }}}}{stuck}",
+        rank_servers, node_agents, unless=(
+            f"{block(waiting_for_another(rank_servers, node_agents))}\nor\n"
+            + block(waiting_for_busy(f"{stalled_waiting(node_agents)}\nor\n"
+                                     f"{stalled_waiting(rank_servers)}"))))
 
 
 def checkpoint_stuck(rank_servers: Selector, node_agents: Selector) -> Alert:
@@ -178,7 +246,7 @@ def checkpoint_stuck(rank_servers: Selector, node_agents: Selector) -> Alert:
     return phase_over_budget(
         "CheckpointStuck", ("checkpointing",),
         "A checkpoint save has run longer than its budget.",
-        "a checkpoint save that does not finish", rank_servers, node_agents,
+        over_budget_text("a checkpoint save that does not finish"), rank_servers, node_agents,
         unless=waiting_for_another(rank_servers, node_agents))
 
 
