@@ -9,6 +9,7 @@ sample is what the publisher pays once a second.
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import subprocess
 import sys
@@ -17,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from colossalai_exporter.rankstate.schema import Activity
 from colossalai_exporter.training.activity import sample
@@ -73,7 +75,7 @@ def test_a_rank_waiting_in_all_reduce_is_in_a_collective(tmp_path: Path) -> None
     assert seen[0]["frame"]  # the innermost Python frame, inside torch.distributed
 
 
-def test_backward_data_and_compute_are_told_apart() -> None:
+def test_backward_data_compute_and_saves_are_told_apart(tmp_path: Path) -> None:
     require(importlib.util.find_spec("torch") is not None, "torch (scripts/install-dev.sh)")
     import torch
 
@@ -104,8 +106,30 @@ def test_backward_data_and_compute_are_told_apart() -> None:
         while not stop.is_set() and time.monotonic() < deadline:
             model(x).pow(2).sum().backward()
 
+    class SlowFile(io.RawIOBase):  # a file on a slow filesystem, written by torch.save
+        def writable(self) -> bool:
+            return True
+
+        def write(self, data: Any) -> int:
+            time.sleep(0.01)
+            return len(memoryview(data).cast("B"))
+
+    def save() -> None:
+        deadline = time.monotonic() + 30
+        while not stop.is_set() and time.monotonic() < deadline:
+            torch.save(model.state_dict(), SlowFile())
+
+    def save_safetensors() -> None:
+        from safetensors.torch import save_file
+
+        deadline = time.monotonic() + 30
+        while not stop.is_set() and time.monotonic() < deadline:
+            save_file({"weight": x}, str(tmp_path / "model.safetensors"))
+
     for work, kind, frame in ((busy, "compute", "in busy"), (load, "data", "in __iter__"),
-                              (backward, "backward", "_engine_run_backward")):
+                              (backward, "backward", "_engine_run_backward"),
+                              (save, "checkpoint", "in write"),
+                              (save_safetensors, "checkpoint", "in save_file")):
         stop.clear()
         where = _sample_until(work, frame, stop)
         assert where.kind == kind, where

@@ -330,6 +330,17 @@ CASES = [
     Case("rank0-save", "the tutorial's save: rank 0 alone saves a checkpoint of 12 s (beyond "
          "the 5 s step budget, within its 60 s checkpoint budget) while rank 1 goes on into "
          "the next step's all-reduce and waits for it there", "rank0_save", 0, (), quiet=25.0),
+    Case("unwrapped-save", "the tutorial's save as most scripts keep it: rank 0 alone "
+         "torch.saves 4 MiB into a slow filesystem for 12 s (beyond the 5 s step budget), "
+         "without monitor.checkpoint() or the booster, while rank 1 waits for it in the "
+         "next step's all-reduce", "unwrapped_save", 0, (), quiet=25.0, release="current"),
+    Case("unwrapped-save-hangs", "the same save without monitor.checkpoint() hangs: rank "
+         "0's torch.save writes into a hung mount (a write that never returns, the GIL "
+         "released) while rank 1 waits in the next step's all-reduce", "unwrapped_save_hangs",
+         0, ("CheckpointStuck",), {"rank": "0", "phase": "checkpointing"},
+         ("has been in phase checkpointing for", "a checkpoint save that does not finish",
+          "It is in checkpoint at train.py:", "in write while 1 other rank(s) wait in"),
+         release="current"),
     Case("rank0-save-every-rank-serves", "the tutorial's save of 12 s on rank 0 alone, as "
          "above, in a run where every rank serves /metrics (serve=\"local\"): rank 1's own "
          "server reports it stalled while it waits", "rank0_save", 0, (), quiet=25.0,

@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import ctypes
 import datetime
+import io
 import os
 import pickle
 import signal
@@ -166,9 +167,9 @@ def slow_kernel_loader() -> Any:
 # of its rank 0 for 10 s once, with two suites on the machine. Its budget leaves room
 # for that; its checkpoint's (5 s, against a 3 s checkpoint) is the point of the case.
 STEP_BUDGET = 40.0 if FAULT in SHORT_TIMEOUTS else {"lifecycle": 20.0}.get(FAULT, 5.0)
-# The checkpoint budget: 5 s, so that a stuck save pages soon; the rank-0 save's is a
+# The checkpoint budget: 5 s, so that a stuck save pages soon; the rank-0 saves' is a
 # real one's, far above the step budget, as a large model's save takes minutes.
-CHECKPOINT_BUDGET = {"rank0_save": 60.0}.get(FAULT, 5.0)
+CHECKPOINT_BUDGET = {"rank0_save": 60.0, "unwrapped_save": 60.0}.get(FAULT, 5.0)
 RANK0_SAVE_SECONDS = 12.0  # beyond the step budget (5 s) twice over
 # The start-up budget: a real one's (model set-up, the rendezvous), except where the
 # start-up itself is the failure.
@@ -298,6 +299,17 @@ def main() -> int:
             with monitor.checkpoint(step):
                 save(booster, model, CHECKPOINT_DIR / f"rank0-{step}.pt")
                 time.sleep(RANK0_SAVE_SECONDS)
+        if armed.is_set() and FAULT.startswith("unwrapped_save") and rank == 0:
+            # The tutorial's save as most scripts keep it: rank 0 alone, torch.save into a
+            # slow filesystem, without monitor.checkpoint() (and not through the
+            # booster), longer than the step budget, while the others wait for it in the
+            # next step's all-reduce; with unwrapped_save_hangs, a write that never
+            # returns (a hung mount, the GIL released).
+            armed.clear()
+            with ThrottledFile(CHECKPOINT_DIR / f"unwrapped-{step}.pt",
+                               hangs=FAULT == "unwrapped_save_hangs") as out:
+                torch.save({"model": model.state_dict(), "optimizer": torch.zeros(1 << 20)},
+                           out)
         if armed.is_set() and FAULT == "solo_eval":
             # An evaluation on one rank only (a rank that holds the validation set), as
             # long as the rank-0 save, while the others wait for it in the next step.
@@ -370,6 +382,29 @@ def hold_connections_open() -> None:
     if os.fork() == 0:
         time.sleep(120)
         os._exit(0)
+
+
+class ThrottledFile(io.RawIOBase):
+    """A file written at a network filesystem's slow pace: 4 MiB in about 12 s, beyond
+    the 5 s step budget (``RANK0_SAVE_SECONDS``). torch.save calls its ``write``."""
+
+    RATE = 4 * 2**20 / RANK0_SAVE_SECONDS  # bytes a second
+
+    def __init__(self, path: Path, hangs: bool = False) -> None:
+        self._file = open(path, "wb")  # noqa: SIM115 - closed by close()
+        self._hangs = hangs
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data: Any) -> int:
+        size = len(memoryview(data).cast("B"))
+        time.sleep(3600 if self._hangs else size / self.RATE)
+        return self._file.write(data)
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
 
 
 def prepare_data() -> None:

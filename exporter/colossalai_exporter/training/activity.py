@@ -16,6 +16,7 @@ frame in                  activity        what the rank is doing
 ``torch.autograd`` entry   ``backward``    backward, gradient all-reduce waits
 ``torch/utils/data/``     ``data``        the data loader
 ``torch/serialization``   ``checkpoint``  torch.save / torch.load
+``safetensors/``          ``checkpoint``  safetensors' save_file / load_file
 anything else             ``compute``     the model, the optimizer, user code
 ========================  ==============  ====================================
 
@@ -40,6 +41,8 @@ _CATEGORIES: Final = (
     ("/torch/autograd/graph.py", "backward"),
     ("/torch/utils/data/", "data"),
     ("/torch/serialization.py", "checkpoint"),
+    # ColossalAI's checkpoint IO with use_safetensors=True; Hugging Face's save_pretrained
+    ("/safetensors/", "checkpoint"),
 )
 # The monitor's own frames (monitor.step()'s block) say nothing about the rank.
 _OWN: Final = f"{os.sep}colossalai_exporter{os.sep}training{os.sep}"

@@ -35,7 +35,6 @@ from colossalai_exporter.training import activity, flight_recorder
 from colossalai_exporter.training import fatal as _fatal_hook
 from colossalai_exporter.training.device_loss import DeviceLossReader
 from colossalai_exporter.training.errors import error_record
-from colossalai_exporter.training.eval_mode import EvalModeWatch
 from colossalai_exporter.training.evidence import StallEvidence
 from colossalai_exporter.training.heartbeat import HeartbeatSender
 from colossalai_exporter.training.oom import classify_oom
@@ -45,6 +44,7 @@ from colossalai_exporter.training.settings import MonitorSettings
 from colossalai_exporter.training.signals import RECORD_WAIT_SECONDS, SignalRecorder
 from colossalai_exporter.training.state import Budgets, RankState
 from colossalai_exporter.training.steps import Step, StepCounter
+from colossalai_exporter.training.unannounced import UnannouncedWork
 
 log = logging.getLogger("colossalai_exporter.training")
 
@@ -172,7 +172,8 @@ class TrainingMonitor:
         self._phases = Phases(self._state, self._publisher,
                               record_exception=self._record_exception, error=self._error,
                               checkpoint_done=self._heartbeats.checkpoint_done)
-        self._eval_mode = EvalModeWatch(self._state, self._steps, self._phases, self.budgets)
+        self._unannounced = UnannouncedWork(self._state, self._steps, self._phases,
+                                            self.budgets, self._training_thread)
         self._info_defaults()
         if start:
             self.start()
@@ -362,7 +363,7 @@ class TrainingMonitor:
         from colossalai_exporter.training import colossal
 
         if model is not None:
-            self._eval_mode.model = model
+            self._unannounced.model = model
         try:
             colossal.watch_booster(self, booster)
             if model is not None:
@@ -385,7 +386,7 @@ class TrainingMonitor:
             self._record_exception(exc, "boost")
             raise
         if isinstance(result, (tuple, list)) and result:
-            self._eval_mode.model = result[0]
+            self._unannounced.model = result[0]
         try:
             if isinstance(result, (tuple, list)) and result:
                 colossal.hook_gemini(self, result[0])
@@ -501,7 +502,7 @@ class TrainingMonitor:
             except Exception as exc:
                 self._error("hook", exc)
         try:
-            self._eval_mode.check()
+            self._unannounced.check()
         except Exception as exc:  # a model whose `training` raises: leave the phase be
             self._error("hook", exc)
 

@@ -73,7 +73,7 @@ class Phases:
     def enter_unannounced(self, name: str, *, since: float, only_from: str) -> None:
         """Enter ``name`` as of ``since`` (wall clock), if the phase is still ``only_from``,
         without publishing: for the publisher's own thread, in the publish that writes
-        it (training/eval_mode.py). The check and the change are one step against a
+        it (training/unannounced.py). The check and the change are one step against a
         phase the training thread enters meanwhile (a checkpoint), which must win."""
         with self._lock:
             state = self._state

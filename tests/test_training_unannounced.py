@@ -1,9 +1,12 @@
-"""An evaluation the monitor is not told of (training/eval_mode.py): a rank whose
-watched model is in eval mode, outside any step, with no step for a while, is in
-phase evaluating from its last step, with evaluation's budget, until its next step."""
+"""Work between steps the monitor is not told of (training/unannounced.py): a rank
+outside any step, with no step for a while, whose training thread is in torch.save
+is in phase checkpointing, and one whose watched model is in eval mode is in phase
+evaluating, from its last step, with that phase's budget, until its next step."""
 
 from __future__ import annotations
 
+import importlib.util
+import io
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -13,21 +16,22 @@ import pytest
 from colossalai_exporter import Budgets, TrainingMonitor
 from colossalai_exporter.rankstate.files import read_snapshot, snapshot_path
 from colossalai_exporter.rankstate.schema import Snapshot
-from colossalai_exporter.training import eval_mode
-from conftest import wait_until
+from colossalai_exporter.training import unannounced
+from conftest import require, wait_until
 
 IDLE = 0.3  # the least idle time that counts, shortened for the test (10 s shipped)
 
 
 @pytest.fixture
 def short_idle(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(eval_mode, "MIN_IDLE_SECONDS", IDLE)
+    monkeypatch.setattr(unannounced, "MIN_IDLE_SECONDS", IDLE)
 
 
 def watched(tmp_path: Path, model: Any) -> TrainingMonitor:
     monitor = TrainingMonitor(serve="none", run_dir=tmp_path, publish_interval=0.05,
                               record_signals=False,
-                              budgets=Budgets(step=60.0, evaluation=900.0))
+                              budgets=Budgets(step=60.0, evaluation=900.0,
+                                              checkpoint=1200.0))
     monitor.watch(SimpleNamespace(), model)  # a booster with no plugin: nothing to hook
     for _ in range(3):
         with monitor.step():
@@ -65,6 +69,42 @@ def test_an_evaluation_in_eval_mode_is_phase_evaluating_until_the_next_step(
         assert snap.phase_start == snap.last_step  # from the last step on
         assert snap.timeout == 900.0 and not snap.stalled  # evaluation's budget
         model.training = True  # model.train(), then the next step
+        with monitor.step():
+            pass
+        assert on_disk(tmp_path).phase == "training"  # written by the step's thread
+    finally:
+        monitor.close()
+
+
+def test_a_save_outside_a_step_is_phase_checkpointing_until_the_next_step(
+        tmp_path: Path, short_idle: None) -> None:
+    """The tutorial's save without monitor.checkpoint(): torch.save on the training
+    thread, into a file that takes a while to write (a slow filesystem). The file's
+    write waits, inside torch.save, until the snapshot says checkpointing."""
+    require(importlib.util.find_spec("torch") is not None, "torch (scripts/install-dev.sh)")
+    import torch
+
+    monitor = watched(tmp_path, SimpleNamespace(training=True))
+    seen: list[Snapshot] = []
+
+    class SlowFile(io.RawIOBase):
+        def writable(self) -> bool:
+            return True
+
+        def write(self, data: Any) -> int:
+            if not seen:
+                wait_until(lambda: on_disk(tmp_path).phase == "checkpointing", timeout=30,
+                           interval=0.02, what="phase checkpointing during torch.save")
+                seen.append(on_disk(tmp_path))
+            return len(memoryview(data).cast("B"))
+
+    try:
+        torch.save({"weight": torch.zeros(4)}, SlowFile())
+        snap = seen[0]
+        assert snap.last_step is not None
+        assert snap.phase_start == snap.last_step  # from the last step on
+        assert snap.timeout == 1200.0 and not snap.stalled  # the checkpoint budget
+        assert snap.checkpoint.last_success is None  # not counted: its outcome is unknown
         with monitor.step():
             pass
         assert on_disk(tmp_path).phase == "training"  # written by the step's thread

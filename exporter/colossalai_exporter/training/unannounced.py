@@ -1,0 +1,79 @@
+"""Work between steps the monitor is not told of: an evaluation, a save.
+
+Most scripts evaluate without ``monitor.evaluation()`` and save without
+``monitor.checkpoint()`` (the tutorial's loop has neither: rank 0 alone calls its own
+``save_checkpoint`` every few hundred steps). Either makes no step for as long as it
+takes, minutes, longer than a step's budget, while the other ranks wait for the rank
+in their next step's collective: paged as a stalled run, and the busy rank as the one
+a hang waits for. Two things tell that work apart from a hang, read outside any step
+once the rank has made no step for a while:
+
+- **a save**: the training thread is inside ``torch.save`` or safetensors (its sampled
+  activity is ``checkpoint``, training/activity.py). Phase "checkpointing", with the
+  checkpoint budget: a save that never ends is CheckpointStuck, with its frame. It
+  counts as no checkpoint (the monitor cannot tell whether it succeeded).
+- **an evaluation**: PyTorch's convention, ``model.eval()`` before evaluating and
+  ``model.train()`` after, sets the watched model's (``monitor.boost()``,
+  ``watch(booster, model)``) ``training`` attribute. Phase "evaluating", with
+  evaluation's budget.
+
+Either phase starts at the rank's last step and lasts until its next step brings it
+back to training.
+
+"A while" is twice the longest recent step, at least :data:`MIN_IDLE_SECONDS`, and at
+most half the step budget (before the rank would count as stalled): a script that keeps
+its model in eval mode while it trains (dropout off), or saves a little every step,
+steps far more often than that, and never leaves training (each return to training is
+a publish on the training thread, which a step must not pay). The check runs on the
+publisher's thread, once a publish: one attribute read, and a stack sample (a few
+microseconds) only once the rank has been idle that long.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from colossalai_exporter.training import activity
+from colossalai_exporter.training.phases import Phases
+from colossalai_exporter.training.state import Budgets, RankState
+from colossalai_exporter.training.steps import StepCounter
+
+#: The least time without a step that counts as an evaluation or a save
+MIN_IDLE_SECONDS = 10.0
+
+
+class UnannouncedWork:
+    def __init__(self, state: RankState, steps: StepCounter, phases: Phases,
+                 budgets: Budgets, thread_id: int | None) -> None:
+        self._state = state
+        self._budgets = budgets
+        self._steps = steps
+        self._phases = phases
+        self._thread_id = thread_id
+        self.model: Any = None  # the watched model, once known
+
+    def check(self) -> None:
+        """Enter phase checkpointing or evaluating for work the monitor was not told of
+        (module docstring)."""
+        state = self._state
+        if state.phase != "training" or state.last_step is None or self._steps.in_step():
+            return
+        longest = state.longest_recent_step()
+        budget = self._budgets.for_phase("training", longest)
+        idle = min(max(MIN_IDLE_SECONDS, 2 * (longest or 0.0)), budget / 2)
+        if time.time() - state.last_step < idle:
+            return
+        phase = self._doing()
+        if phase is not None:
+            self._phases.enter_unannounced(phase, since=state.last_step, only_from="training")
+
+    def _doing(self) -> str | None:
+        # A save first: a script may save with its model still in eval mode.
+        where = activity.sample(self._thread_id)
+        if where is not None and where.kind == "checkpoint":
+            return "checkpointing"
+        model = self.model
+        if model is not None and not getattr(model, "training", True):
+            return "evaluating"
+        return None
