@@ -56,6 +56,18 @@ def publishes(tmp_path: Path, count: int) -> None:
     wait_until(written, timeout=30, interval=0.01, what=f"{count} publishes")
 
 
+def since_last_step_with_budget(snap: Snapshot, budget: float) -> None:
+    assert snap.last_step is not None
+    assert snap.phase_start == snap.last_step  # from the last step on
+    assert snap.timeout == budget and not snap.stalled
+
+
+def back_to_training_at_the_next_step(monitor: TrainingMonitor, tmp_path: Path) -> None:
+    with monitor.step():
+        pass
+    assert on_disk(tmp_path).phase == "training"  # written by the step's thread
+
+
 def test_an_evaluation_in_eval_mode_is_phase_evaluating_until_the_next_step(
         tmp_path: Path, short_idle: None) -> None:
     model = SimpleNamespace(training=True)
@@ -64,14 +76,9 @@ def test_an_evaluation_in_eval_mode_is_phase_evaluating_until_the_next_step(
         model.training = False  # model.eval(): the validation loop begins
         wait_until(lambda: on_disk(tmp_path).phase == "evaluating", timeout=30,
                    interval=0.02, what="phase evaluating")
-        snap = on_disk(tmp_path)
-        assert snap.last_step is not None
-        assert snap.phase_start == snap.last_step  # from the last step on
-        assert snap.timeout == 900.0 and not snap.stalled  # evaluation's budget
+        since_last_step_with_budget(on_disk(tmp_path), 900.0)  # evaluation's
         model.training = True  # model.train(), then the next step
-        with monitor.step():
-            pass
-        assert on_disk(tmp_path).phase == "training"  # written by the step's thread
+        back_to_training_at_the_next_step(monitor, tmp_path)
     finally:
         monitor.close()
 
@@ -100,14 +107,9 @@ def test_a_save_outside_a_step_is_phase_checkpointing_until_the_next_step(
 
     try:
         torch.save({"weight": torch.zeros(4)}, SlowFile())
-        snap = seen[0]
-        assert snap.last_step is not None
-        assert snap.phase_start == snap.last_step  # from the last step on
-        assert snap.timeout == 1200.0 and not snap.stalled  # the checkpoint budget
-        assert snap.checkpoint.last_success is None  # not counted: its outcome is unknown
-        with monitor.step():
-            pass
-        assert on_disk(tmp_path).phase == "training"  # written by the step's thread
+        since_last_step_with_budget(seen[0], 1200.0)  # the checkpoint budget
+        assert seen[0].checkpoint.last_success is None  # not counted: outcome unknown
+        back_to_training_at_the_next_step(monitor, tmp_path)
     finally:
         monitor.close()
 
