@@ -344,3 +344,29 @@ def test_one_host_folder_is_the_shipped_files_with_only_the_documented_changes(
                   "--web.external-url=", "grafana_url", "prometheus-alertmanager",
                   "colossalai-exporter demo --alerting"):
         assert words in section, words
+
+
+def test_the_end_summary_says_a_rank_whose_process_vanished_was_killed() -> None:
+    """The demo's last words per rank read the snapshots, which a SIGKILLed rank never
+    updates: it said "rank 1 training after 100 steps" of the rank it killed."""
+    import os
+
+    from colossalai_exporter.demo.summary import ending
+    from colossalai_exporter.rankstate.schema import Interruption, Snapshot
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid is free now (reaped)
+
+    def snap(pid: int, phase: str = "training",
+             interruption: Interruption | None = None) -> Snapshot:
+        return Snapshot(rank=1, local_rank=1, world_size=2, pid=pid, created=0.0,
+                        written=0.0, phase=phase, phase_start=0.0,  # type: ignore[arg-type]
+                        step_buckets=[], step_hist=[0], timeout=60.0, progress=0.0,
+                        interruption=interruption)
+
+    assert ending(snap(os.getpid())) == "training"  # alive: its phase
+    assert ending(snap(gone.pid, "finished")) == "finished"  # it said how it ended
+    assert ending(snap(gone.pid)) == \
+        "killed in phase training (its process vanished with no error)"
+    assert ending(snap(gone.pid, interruption=Interruption(signal="SIGTERM", time=1.0))) == \
+        "ended by SIGTERM in phase training"

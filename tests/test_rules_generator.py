@@ -60,6 +60,13 @@ def test_every_alert_has_a_for_window_and_the_names_match() -> None:
     assert built == rules.alert_names() == set(cfg.for_)
 
 
+def test_the_readme_counts_every_alert() -> None:
+    """The README's "Rules bundle: N alerts" is the number the rules build (it said 51
+    for 52 once: a count in prose drifts)."""
+    readme = (REPO / "README.md").read_text()
+    assert f"**Rules bundle**: {len(rules.alert_names())} alerts (" in readme
+
+
 def test_override_changes_only_what_it_names(tmp_path: Path) -> None:
     override = tmp_path / "fast.yml"
     override.write_text("for: {TrainingStalled: 2s}\nthresholds: {gpu_memory_used_percent: 90}\n")

@@ -15,8 +15,9 @@ from pathlib import Path
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from colossalai_exporter.node.ranks import process_state
 from colossalai_exporter.rankstate.files import read_all_snapshots
-from colossalai_exporter.rankstate.schema import Snapshot
+from colossalai_exporter.rankstate.schema import ACTIVE_PHASES, Snapshot
 from colossalai_exporter.rankstate.verdict import judge
 
 HTTP_TIMEOUT = 2.0
@@ -165,9 +166,20 @@ def describe(snaps: list[Snapshot]) -> list[str]:
     lines = []
     for snap in snaps:
         checkpoint = snap.checkpoint.last_step
-        line = (f"rank {snap.rank} {snap.phase} after {snap.steps} steps, last "
+        line = (f"rank {snap.rank} {ending(snap)} after {snap.steps} steps, last "
                 f"checkpoint at step {checkpoint if checkpoint is not None else '-'}")
         if snap.error:
             line += f" ({snap.error})"
         lines.append(line)
     return lines
+
+
+def ending(snap: Snapshot) -> str:
+    """The rank's phase, or how it ended where its process is gone while its last
+    snapshot still says it was at work (the node agent's verdict, in words): a SIGKILL
+    or the OOM killer leaves no word of its own."""
+    if snap.phase not in ACTIVE_PHASES or process_state(snap.pid, snap.pid_start)[0]:
+        return snap.phase
+    if snap.interruption is not None:
+        return f"ended by {snap.interruption.signal} in phase {snap.phase}"
+    return f"killed in phase {snap.phase} (its process vanished with no error)"

@@ -56,7 +56,9 @@ class Verdict:
 def check_gpus(config: NodeConfig, verdict: Verdict) -> None:
     from colossalai_exporter.node.gpu import GpuCollector
 
-    collector = GpuCollector(timeout=config.gpu_timeout, expected=config.gpu_expected)
+    # One answer, no recheck: a one-shot check asks once (and says nothing of "again").
+    collector = GpuCollector(timeout=config.gpu_timeout, expected=config.gpu_expected,
+                             no_driver_recheck=0)
     try:
         families = collector.collect(time.monotonic() + config.gpu_timeout)
     except CollectorError as exc:

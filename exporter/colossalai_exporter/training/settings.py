@@ -65,7 +65,8 @@ def detect_run_id() -> str:
     going down, the rendezvous closing) under the alert that names its cause,
     matching on this ``run`` label; ``equal`` treats two missing labels as equal,
     so it is never empty. In order: ``COLOSSALAI_EXPORTER_RUN_ID``, torchrun's
-    ``TORCHELASTIC_RUN_ID`` (``--rdzv-id``; "none" when not given), Slurm's job id,
+    ``TORCHELASTIC_RUN_ID`` (``--rdzv-id``; "none" when not given with a master
+    address, a new random UUID at each launch of a single-node torchrun), Slurm's job id,
     then the rendezvous address ``MASTER_ADDR:MASTER_PORT`` (one job at a time
     can listen there), else this process.
     """

@@ -338,5 +338,9 @@ def serve(app: Any, listen_address: str, web_config: WebConfig | None = None,
     while not server.started and thread.is_alive():
         started.wait(0.005)
     handle = ServerHandle(server, thread, sock, "https" if ssl_context else "http")
-    log.info("listening", extra={"address": handle.url, "server": name})
+    # The address bound (0.0.0.0 when it listens on every interface), not the URL a
+    # local client would use: the log is read to see what is exposed.
+    host, port = sock.getsockname()[:2]
+    bound = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    log.info("listening", extra={"address": f"{handle.scheme}://{bound}", "server": name})
     return handle
