@@ -29,10 +29,11 @@ FORGED_79 = "12,900,6000000,-;NVRM: Xid (PCI:0000:3b:00): 79, forged by a user"
 
 
 def run_check(tmp: Path, *args: str, gpus: int = 2, kmsg: list[str] | None = None,
-              expected: int | None = 2,
-              specs: list[dict[str, Any]] | None = None) -> tuple[int, str, str]:
+              expected: int | None = 2, specs: list[dict[str, Any]] | None = None,
+              errors: dict[str, int] | None = None) -> tuple[int, str, str]:
     scenario = Scenario(tmp / "nvml.json").write(
-        gpus=specs if specs is not None else [gpu(i) for i in range(gpus)])
+        gpus=specs if specs is not None else [gpu(i) for i in range(gpus)],
+        errors=errors or {})
     log = tmp / "kmsg"
     log.write_text("".join(line + "\n" for line in (kmsg or [])))
     (tmp / "ckpt").mkdir(exist_ok=True)
@@ -133,6 +134,17 @@ def test_missing_gpus_and_a_broken_disk_fail(tmp_path: Path) -> None:
     line = out.strip()
     assert line.startswith("FAIL: gpu: 1 of 2 expected GPUs are visible to NVML; "), line
     assert f"disk nvme ({tmp_path / 'gone'}) is not usable: missing" in line
+
+
+def test_no_driver_where_gpus_are_expected_fails_once_without_a_recheck(
+        tmp_path: Path) -> None:
+    """A one-shot check asks NVML once: its line does not say "asked again every 10s",
+    which the running agent says of the answer it keeps between rechecks."""
+    code, out, _ = run_check(tmp_path, errors={"nvmlInit": 12}, expected=8)  # no libnvidia-ml
+    assert code == 1
+    line = out.strip()
+    assert line.startswith("FAIL: gpu: "), line
+    assert "asked again" not in line, line
 
 
 def test_an_unreadable_kernel_log_is_said_not_failed_on(tmp_path: Path) -> None:
