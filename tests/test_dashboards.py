@@ -26,6 +26,7 @@ from colossalai_exporter.dashboards.dashboard import SCHEMA_VERSION
 from colossalai_exporter.dashboards.model import DATASOURCE, GRID_COLUMNS
 from colossalai_exporter.rulesgen import common, fabric, rules
 from colossalai_exporter.rulesgen import training_hangs as hangs
+from colossalai_exporter.rulesgen import training_stalls as stalls
 from colossalai_exporter.rulesgen.names import metric_names
 from conftest import REPO, require_binary, run_cli
 from grafana_render import jsonmodel
@@ -277,7 +278,7 @@ def test_queries_use_only_catalogued_metrics_and_existing_recording_rules() -> N
                     # each rank's and each node's run, joined by the alerts
                     common.RANK_RUN, common.NODE_RUN, common.AGENT_RANKS,
                     common.AGENT_SERVED_RANKS, common.TROUBLED_RUN,
-                    hangs.WAITING_RUNS,
+                    hangs.WAITING_RUNS, stalls.BUSY_RUNS,
                     # the stalled ranks' last collectives, compared by an alert
                     hangs.LAST_COLLECTIVES,
                     # the ranks down, stalled and lost, each read once for the alerts

@@ -61,6 +61,7 @@ for:
   TrainingStraggler: 15s
   TrainingStartupStuck: 2s
   CheckpointStuck: 2s
+  EvaluationStuck: 2s
   TrainingRankDown: 10s
   TrainingNodeLost: 10s
   NCCLRendezvousDown: 10s

@@ -357,6 +357,12 @@ CASES = [
          "write it (model.eval(), batches under no_grad, model.train()), without "
          "monitor.evaluation(): beyond the 5 s step budget", "unwrapped_eval", -1, (),
          quiet=25.0, release="current"),
+    Case("evaluation-hangs", "every rank's evaluation hangs in a read of its validation "
+         "shard from a shared filesystem (a read that never returns): no rank waits for "
+         "another", "eval_hangs", -1, ("EvaluationStuck",), {"phase": "evaluating"},
+         ("has been in phase evaluating for", "an evaluation that does not finish",
+          "It is in compute at train.py:", "in read_validation_shard",
+          "2 rank(s) of this run are stalled"), release="current"),
     Case("long-evaluation", "a 20 s evaluation on every rank (4 step budgets)", "long_eval",
          -1, (), quiet=25.0),
     Case("kernel-build-fails", "ColossalAI's CPU Adam kernel does not load (HybridAdam on "

@@ -171,6 +171,8 @@ STEP_BUDGET = 40.0 if FAULT in SHORT_TIMEOUTS else {"lifecycle": 20.0}.get(FAULT
 # real one's, far above the step budget, as a large model's save takes minutes.
 CHECKPOINT_BUDGET = {"rank0_save": 60.0, "unwrapped_save": 60.0}.get(FAULT, 5.0)
 RANK0_SAVE_SECONDS = 12.0  # beyond the step budget (5 s) twice over
+# The evaluation budget: a real one's (an hour), except where the evaluation hangs.
+EVALUATION_BUDGET = {"eval_hangs": 5.0}.get(FAULT, 3600.0)
 # The start-up budget: a real one's (model set-up, the rendezvous), except where the
 # start-up itself is the failure.
 STARTUP_BUDGET = {"slow_start": 5.0, "ranks_never_start": 5.0}.get(FAULT, 120.0)
@@ -185,7 +187,7 @@ def main() -> int:
     # First, as docs/training.md shows: a start that dies in the rendezvous is seen too.
     monitor = TrainingMonitor(
         budgets=Budgets(step=STEP_BUDGET, checkpoint=CHECKPOINT_BUDGET, kernels=5.0,
-                        startup=STARTUP_BUDGET),
+                        startup=STARTUP_BUDGET, evaluation=EVALUATION_BUDGET),
         publish_interval=0.5)
     if FAULT == "resume_fails" and monitor.rank == FAULT_RANK:
         # Every start reads the data shard the last run got to, which is gone: the
@@ -328,6 +330,12 @@ def main() -> int:
                     model(next(batches))
                     time.sleep(0.1)
             model.train()
+        if armed.is_set() and FAULT == "eval_hangs":
+            # Every rank's validation reads its shard from a shared filesystem that hangs:
+            # no rank waits for another, each is stuck in its own read (GIL released).
+            armed.clear()
+            with monitor.evaluation():
+                read_validation_shard()
         if armed.is_set() and FAULT == "long_eval":
             armed.clear()
             with monitor.evaluation():
@@ -405,6 +413,11 @@ class ThrottledFile(io.RawIOBase):
     def close(self) -> None:
         self._file.close()
         super().close()
+
+
+def read_validation_shard() -> None:
+    """A validation shard's read from a shared filesystem that hangs (every rank's)."""
+    time.sleep(3600)
 
 
 def prepare_data() -> None:

@@ -71,7 +71,7 @@ RANK_KILLING_ALERTS = ("TrainingRankOOMKilled", "TrainingNodeLost", "GPUXidCriti
                        "GPURecoveryActionRequired", "GPURowRemapFailure", "GPUNVLinkDown",
                        "GPUEccUncorrectable", "InfiniBandPortDown", "InfiniBandPortsMissing")
 CONSEQUENCE_ALERTS = ("TrainingRankDown", "TrainingStalled", "NCCLRendezvousDown",
-                      "TrainingStartupStuck", "KernelsNotReady")
+                      "TrainingStartupStuck", "EvaluationStuck", "KernelsNotReady")
 
 
 def build(config: RulesConfig) -> tuple[RuleFile, ...]:

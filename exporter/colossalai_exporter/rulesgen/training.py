@@ -42,6 +42,7 @@ from colossalai_exporter.rulesgen.training_stalls import (
     BUSY_RUNS,
     busy_runs,
     checkpoint_stuck,
+    evaluation_stuck,
     stalled,
     startup_stuck,
 )
@@ -69,6 +70,7 @@ def training(config: RulesConfig) -> RuleFile:
         *hang_suspects(rank_servers, node_agents, thresholds.hang_after_timeout_for),
         startup_stuck(rank_servers, node_agents),
         checkpoint_stuck(rank_servers, node_agents),
+        evaluation_stuck(rank_servers, node_agents),
         *rank_deaths(rank_servers, node_agents, thresholds.node_lost_window),
         *rank_errors(rank_servers, node_agents, thresholds),
     ))

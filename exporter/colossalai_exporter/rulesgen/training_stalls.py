@@ -1,4 +1,4 @@
-"""Stalls: TrainingStalled, TrainingStartupStuck, CheckpointStuck.
+"""Stalls: TrainingStalled, TrainingStartupStuck, CheckpointStuck, EvaluationStuck.
 
 A rank that stays in one phase beyond that phase's budget. In every phase
 ``colossalai_training_step_timeout_seconds`` is the budget of that phase
@@ -234,10 +234,34 @@ def startup_stuck(rank_servers: Selector, node_agents: Selector) -> Alert:
         "TrainingStartupStuck", ("init", "kernels"),
         "A training rank is stuck in start-up (init or kernel build) beyond its budget.",
         f"{unreported_ranks()}{{{{ if $unreported }}}}{missing}{{{{ end }}}}{stuck}",
-        rank_servers, node_agents, unless=(
-            f"{block(waiting_for_another(rank_servers, node_agents))}\nor\n"
-            + block(waiting_for_busy(f"{stalled_waiting(node_agents)}\nor\n"
-                                     f"{stalled_waiting(rank_servers)}"))))
+        rank_servers, node_agents, unless=waits_for_others(rank_servers, node_agents))
+
+
+def evaluation_stuck(rank_servers: Selector, node_agents: Selector) -> Alert:
+    """EvaluationStuck: an evaluation beyond the evaluation budget, on a rank that does not
+    wait in a collective for another rank of its run that is stuck, down
+    (waiting_for_another) or busy within its budget (waiting_for_busy).
+
+    Without it a hang inside an evaluation paged nobody: TrainingStalled reads phase
+    training only, and TrainingHangSuspect needs ranks that wait for the one it names,
+    so every rank stuck in its own part of the evaluation (a validation read from a
+    shared filesystem that hangs, a generation loop that never ends) was silent. A
+    rank stuck while the others wait for it is TrainingHangSuspect's, which mutes this
+    alert (a consequence)."""
+    return phase_over_budget(
+        "EvaluationStuck", ("evaluating",), "An evaluation has run longer than its budget.",
+        over_budget_text("an evaluation that does not finish")
+        + ranks_of_run(f"{STALLED} == 1", "rank(s) of this run are stalled."),
+        rank_servers, node_agents, unless=waits_for_others(rank_servers, node_agents))
+
+
+def waits_for_others(rank_servers: Selector, node_agents: Selector) -> str:
+    """The ranks (by run and rank) that wait in a collective for another rank of their
+    run that is stuck itself, down (waiting_for_another), or busy within its own budget
+    (waiting_for_busy): a stuck phase's page is not theirs."""
+    busy = waiting_for_busy(f"{stalled_waiting(node_agents)}\nor\n"
+                            f"{stalled_waiting(rank_servers)}")
+    return f"{block(waiting_for_another(rank_servers, node_agents))}\nor\n{block(busy)}"
 
 
 def checkpoint_stuck(rank_servers: Selector, node_agents: Selector) -> Alert:
