@@ -33,9 +33,12 @@ from conftest import cli_env, wait_until
 
 # One rank that ends as MODE says, once the test has seen it train (a file appears).
 RANK = textwrap.dedent("""
-    import ctypes, os, signal, sys, threading, time
+    import ctypes, faulthandler, os, signal, sys, threading, time
     from pathlib import Path
     from colossalai_exporter import TrainingMonitor
+
+    # Every thread's stack on SIGUSR2 (to stderr): what a rank that does not end was doing.
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
 
     run_dir, mode = sys.argv[1], sys.argv[2]
     stopped = []
@@ -117,8 +120,22 @@ def start(run_dir: Path, rank: int, mode: str) -> subprocess.Popen[bytes]:
     return proc
 
 
-def ended(proc: subprocess.Popen[bytes], timeout: float = 30) -> int:
-    return proc.wait(timeout)
+def ended(proc: subprocess.Popen[bytes], timeout: float = 60) -> int:
+    """The rank's exit status, once it ends. Recording a signal may wait, bounded, for a
+    publish in progress and for the other path's record (training/signals.py: 5 s and
+    6 s), then close the monitor: seconds, which a loaded machine stretches. A rank
+    still running after ``timeout`` is asked for its threads' stacks, which the failure
+    shows."""
+    try:
+        return proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR2)
+        time.sleep(2)
+        proc.kill()
+        _, stderr = proc.communicate(timeout=10)
+        said = stderr.decode(errors="replace")[-6000:]
+        raise AssertionError(f"rank still running after {timeout} s; its stderr, with "
+                             f"every thread's stack:\n{said}") from None
 
 
 @pytest.fixture
