@@ -105,7 +105,7 @@ def stalled(rank_servers: Selector, node_agents: Selector) -> Alert:
 
 #: The runs with a rank in a phase of BUSY and not stalled, valued by how many: recorded
 #: once an evaluation (before the alerts of its group) for the alerts that leave out the
-#: ranks waiting for such a rank (TrainingStalled, TrainingStartupStuck).
+#: ranks waiting for such a rank (TrainingStalled, TrainingStartupStuck, EvaluationStuck).
 BUSY_RUNS = "run:colossalai_training_ranks_busy:count"
 
 
@@ -123,7 +123,8 @@ def waiting_for_busy(waiting: str) -> str:
     in runs where another rank is busy within its own budget (BUSY_RUNS): a save or an
     evaluation on one rank, which the others wait for in their next step's collective,
     or a rank still starting, which the others wait for in the rendezvous. Its budget
-    decides (CheckpointStuck, TrainingStartupStuck); the waiting ranks' does not: paged,
+    decides (CheckpointStuck, EvaluationStuck, TrainingStartupStuck); the waiting ranks'
+    does not: paged,
     a run that saved from rank 0 for longer than a step's budget paged the ranks that
     waited for it. A rank that waits counts by its activity or its collective in flight
     (training_deaths.stalled_waiting)."""
