@@ -160,3 +160,24 @@ def _sample_until(work: Callable[[], None], frame: str, stop: threading.Event) -
 def test_a_thread_that_is_not_running_python_has_no_activity() -> None:
     assert sample(None) is None
     assert sample(-1) is None  # no such thread
+
+
+def test_a_phase_change_is_sampled_where_the_script_entered_it(tmp_path: Path) -> None:
+    """A phase change publishes from the training thread, from inside the monitor and
+    contextlib (`with monitor.checkpoint():`); the frame written is the script's line,
+    not contextlib's __enter__, which a save frozen right after paged as where it was."""
+    from colossalai_exporter import TrainingMonitor
+    from colossalai_exporter.rankstate.files import read_snapshot, snapshot_path
+
+    monitor = TrainingMonitor(serve="none", run_dir=tmp_path, publish_interval=30.0,
+                              record_signals=False)
+    try:
+        with monitor.step():
+            pass
+        with monitor.checkpoint(1):  # written at once, by this thread
+            where = read_snapshot(snapshot_path(tmp_path, 0)).activity
+    finally:
+        monitor.close()
+    assert where is not None, where
+    assert where.frame.startswith("test_training_activity.py:"), where
+    assert where.frame.endswith(" in test_a_phase_change_is_sampled_where_the_script_entered_it")

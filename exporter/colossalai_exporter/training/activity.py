@@ -44,8 +44,12 @@ _CATEGORIES: Final = (
     # ColossalAI's checkpoint IO with use_safetensors=True; Hugging Face's save_pretrained
     ("/safetensors/", "checkpoint"),
 )
-# The monitor's own frames (monitor.step()'s block) say nothing about the rank.
+# The monitor's own frames (monitor.step()'s block) say nothing about the rank, nor do
+# contextlib's around them: a phase change publishes from the training thread, inside
+# `with monitor.checkpoint():`, and a save that froze right after (torch.save holding
+# the GIL) paged "in compute at contextlib.py in __enter__", its last snapshot's frame.
 _OWN: Final = f"{os.sep}colossalai_exporter{os.sep}training{os.sep}"
+_CONTEXTLIB: Final = f"{os.sep}contextlib.py"
 # c10d wraps its API in logging decorators; the collective is the wrapped name.
 _WRAPPERS: Final = frozenset({"wrapper", "_fn", "inner"})
 
@@ -58,7 +62,7 @@ def sample(thread_id: int | None) -> Activity | None:
     top = ""
     while frame is not None:
         filename = frame.f_code.co_filename
-        if _OWN in filename:
+        if _OWN in filename or filename.endswith(_CONTEXTLIB):
             frame = frame.f_back
             continue
         if not top:
