@@ -50,6 +50,10 @@ BUDGET = "colossalai_training_step_timeout_seconds"
 PHASE_START = "colossalai_training_phase_start_timestamp_seconds"
 
 
+#: " 2 rank(s) of this run are stalled.": how far a stall reaches, in its page
+STALLED_REACH = ranks_of_run(f"{STALLED} == 1", "rank(s) of this run are stalled.")
+
+
 def _budget() -> str:
     """The rank's budget for its phase, e.g. "10m"."""
     return query(BUDGET, RANK, "value | humanizeDuration")
@@ -99,7 +103,7 @@ def stalled(rank_servers: Selector, node_agents: Selector) -> Alert:
              # stalls alike (no rank to name as the one the others wait for).
              where=with_first(ACTIVITY, RANK,
                               " It is in {{ .Labels.activity }} at {{ .Labels.frame }}."),
-             reach=ranks_of_run(f"{STALLED} == 1", "rank(s) of this run are stalled.")),
+             reach=STALLED_REACH),
         training_dashboard())
 
 
@@ -124,10 +128,9 @@ def waiting_for_busy(waiting: str) -> str:
     evaluation on one rank, which the others wait for in their next step's collective,
     or a rank still starting, which the others wait for in the rendezvous. Its budget
     decides (CheckpointStuck, EvaluationStuck, TrainingStartupStuck); the waiting ranks'
-    does not: paged,
-    a run that saved from rank 0 for longer than a step's budget paged the ranks that
-    waited for it. A rank that waits counts by its activity or its collective in flight
-    (training_deaths.stalled_waiting)."""
+    does not: paged, a run that saved from rank 0 for longer than a step's budget paged
+    the ranks that waited for it. A rank that waits counts by its activity or its
+    collective in flight (training_deaths.stalled_waiting)."""
     return f"{block(waiting)}\nand on (run)\n  {BUSY_RUNS}"
 
 
@@ -252,7 +255,7 @@ def evaluation_stuck(rank_servers: Selector, node_agents: Selector) -> Alert:
     return phase_over_budget(
         "EvaluationStuck", ("evaluating",), "An evaluation has run longer than its budget.",
         over_budget_text("an evaluation that does not finish")
-        + ranks_of_run(f"{STALLED} == 1", "rank(s) of this run are stalled."),
+        + STALLED_REACH,
         rank_servers, node_agents, unless=waits_for_others(rank_servers, node_agents))
 
 

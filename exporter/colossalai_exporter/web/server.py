@@ -251,10 +251,20 @@ class ServerHandle:
 
     @property
     def url(self) -> str:
+        """Where a local client reaches it (loopback for a wildcard address)."""
         host = self._address[0]
         if host in ("0.0.0.0", "::"):
             host = "127.0.0.1"
-        elif ":" in host:
+        return self._with_host(host)
+
+    @property
+    def bound(self) -> str:
+        """The address it listens on, as bound (0.0.0.0 on every interface): what the
+        log says, since it is read to see what is exposed."""
+        return self._with_host(self._address[0])
+
+    def _with_host(self, host: str) -> str:
+        if ":" in host:
             host = f"[{host}]"
         return f"{self.scheme}://{host}:{self.port}"
 
@@ -338,9 +348,5 @@ def serve(app: Any, listen_address: str, web_config: WebConfig | None = None,
     while not server.started and thread.is_alive():
         started.wait(0.005)
     handle = ServerHandle(server, thread, sock, "https" if ssl_context else "http")
-    # The address bound (0.0.0.0 when it listens on every interface), not the URL a
-    # local client would use: the log is read to see what is exposed.
-    host, port = sock.getsockname()[:2]
-    bound = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    log.info("listening", extra={"address": f"{handle.scheme}://{bound}", "server": name})
+    log.info("listening", extra={"address": handle.bound, "server": name})
     return handle
