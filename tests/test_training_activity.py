@@ -157,6 +157,60 @@ def _sample_until(work: Callable[[], None], frame: str, stop: threading.Event) -
     return found[0]
 
 
+def test_an_upload_is_network_unless_torch_is_further_out(tmp_path: Path) -> None:
+    """The script's own transfer (an HTTP PUT, as boto3 and the Hub's client make) is
+    ``network``; the same socket written from inside torch.save (a file object of an
+    object store's, as s3fs gives) is still ``checkpoint``, and from a DataLoader's
+    dataset still ``data``."""
+    require(importlib.util.find_spec("torch") is not None, "torch (scripts/install-dev.sh)")
+    import http.client
+    import socket
+
+    import torch
+
+    stop = threading.Event()
+    with socket.create_server(("127.0.0.1", 0)) as server:  # accepts, never reads
+        port = server.getsockname()[1]
+
+        def upload() -> None:
+            # An 8 MiB PUT fills the socket's buffers and times out in http.client's
+            # send, again and again, until the watcher has seen it there.
+            deadline = time.monotonic() + 30
+            while not stop.is_set() and time.monotonic() < deadline:
+                connection = http.client.HTTPConnection("127.0.0.1", port, timeout=0.05)
+                try:
+                    connection.request("PUT", "/ckpt", body=bytes(8 << 20))
+                except OSError:
+                    pass
+                finally:
+                    connection.close()
+
+        class StoreFile(io.RawIOBase):  # an object store's file: torch.save writes to it
+            def writable(self) -> bool:
+                return True
+
+            def write(self, data: Any) -> int:
+                upload()
+                return len(memoryview(data).cast("B"))
+
+        def save() -> None:
+            torch.save(torch.zeros(16), StoreFile())
+
+        class Remote(torch.utils.data.IterableDataset[torch.Tensor]):
+            def __iter__(self):  # type: ignore[no-untyped-def]
+                upload()
+                yield torch.zeros(1)
+
+        def load() -> None:
+            for _ in torch.utils.data.DataLoader(Remote(), batch_size=None):
+                return
+
+        for work, kind in ((upload, "network"), (save, "checkpoint"), (load, "data")):
+            stop.clear()
+            where = _sample_until(work, "client.py:", stop)
+            assert where.kind == kind, where
+
+
 def test_a_thread_that_is_not_running_python_has_no_activity() -> None:
     assert sample(None) is None
     assert sample(-1) is None  # no such thread

@@ -1,12 +1,15 @@
 """Work between steps the monitor is not told of (training/unannounced.py): a rank
 outside any step, with no step for a while, whose training thread is in torch.save
-is in phase checkpointing, and one whose watched model is in eval mode is in phase
+or an upload is in phase checkpointing, and one whose watched model is in eval mode is in phase
 evaluating, from its last step, with that phase's budget, until its next step."""
 
 from __future__ import annotations
 
+import http.client
 import importlib.util
 import io
+import socket
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -109,6 +112,39 @@ def test_a_save_outside_a_step_is_phase_checkpointing_until_the_next_step(
         torch.save({"weight": torch.zeros(4)}, SlowFile())
         since_last_step_with_budget(seen[0], 1200.0)  # the checkpoint budget
         assert seen[0].checkpoint.last_success is None  # not counted: outcome unknown
+        back_to_training_at_the_next_step(monitor, tmp_path)
+    finally:
+        monitor.close()
+
+
+def test_an_upload_outside_a_step_is_phase_checkpointing(
+        tmp_path: Path, short_idle: None) -> None:
+    """Rank 0 pushing its checkpoint to an object store after a save (an HTTP PUT on the
+    training thread): the store reads nothing until the snapshot says checkpointing,
+    with the checkpoint budget, from the last step."""
+    monitor = watched(tmp_path, SimpleNamespace(training=True))
+    seen: list[Snapshot] = []
+
+    def store(server: socket.socket) -> None:
+        conn, _ = server.accept()
+        with conn:
+            wait_until(lambda: on_disk(tmp_path).phase == "checkpointing", timeout=30,
+                       interval=0.02, what="phase checkpointing during the upload")
+            seen.append(on_disk(tmp_path))
+            while conn.recv(1 << 20):  # then reads it all, until the client closes
+                pass
+
+    try:
+        with socket.create_server(("127.0.0.1", 0)) as server:
+            reader = threading.Thread(target=store, args=(server,))
+            reader.start()
+            upload = http.client.HTTPConnection("127.0.0.1", server.getsockname()[1],
+                                                timeout=60)
+            upload.request("PUT", "/checkpoints/step-3.pt", body=bytes(16 << 20))
+            upload.close()
+            reader.join(60)
+        assert seen, "the upload never seen"
+        since_last_step_with_budget(seen[0], 1200.0)  # the checkpoint budget
         back_to_training_at_the_next_step(monitor, tmp_path)
     finally:
         monitor.close()

@@ -391,7 +391,8 @@ TRAINING: tuple[Metric, ...] = (
     _m("colossalai_training_activity_info", "info",
        "Where a stalled rank's training thread is (always 1; present only while the rank "
        "is stalled): activity collective, backward (both: waiting for other ranks when "
-       "the run is stalled), data, checkpoint or compute; the c10d function of a "
+       "the run is stalled), data, checkpoint, network (an upload or download of the "
+       "script's own) or compute; the c10d function of a "
        "collective; the innermost Python frame as file:line in function.",
        ("rank", "activity", "collective", "frame"), component="training"),
     _m("colossalai_training_collective_enqueued", "gauge",

@@ -338,9 +338,19 @@ CASES = [
          "0's torch.save writes into a hung mount (a write that never returns, the GIL "
          "released) while rank 1 waits in the next step's all-reduce", "unwrapped_save_hangs",
          0, ("CheckpointStuck",), {"rank": "0", "phase": "checkpointing"},
-         ("has been in phase checkpointing for", "a checkpoint save that does not finish",
+         ("has been in phase checkpointing for", "a checkpoint save or upload that does not finish",
           "It is in checkpoint at train.py:", "in write while 1 other rank(s) wait in"),
          release="current"),
+    Case("upload-after-save", "rank 0 alone uploads a checkpoint it saved through the "
+         "booster (an HTTP PUT to an object store that takes 12 s, beyond the 5 s step "
+         "budget, within the 60 s checkpoint budget) while rank 1 waits for it in the next "
+         "step's all-reduce", "upload", 0, (), quiet=25.0, release="current"),
+    Case("upload-hangs", "rank 0's upload of its checkpoint hangs (an object store that "
+         "stopped reading: a write that never returns) while rank 1 waits in the next "
+         "step's all-reduce", "upload_hangs", 0, ("CheckpointStuck",),
+         {"rank": "0", "phase": "checkpointing"},
+         ("has been in phase checkpointing for", "It is in network at ",
+          "while 1 other rank(s) wait in"), release="current"),
     Case("rank0-save-every-rank-serves", "the tutorial's save of 12 s on rank 0 alone, as "
          "above, in a run where every rank serves /metrics (serve=\"local\"): rank 1's own "
          "server reports it stalled while it waits", "rank0_save", 0, (), quiet=25.0,

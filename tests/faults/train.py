@@ -169,7 +169,7 @@ def slow_kernel_loader() -> Any:
 STEP_BUDGET = 40.0 if FAULT in SHORT_TIMEOUTS else {"lifecycle": 20.0}.get(FAULT, 5.0)
 # The checkpoint budget: 5 s, so that a stuck save pages soon; the rank-0 saves' is a
 # real one's, far above the step budget, as a large model's save takes minutes.
-CHECKPOINT_BUDGET = {"rank0_save": 60.0, "unwrapped_save": 60.0}.get(FAULT, 5.0)
+CHECKPOINT_BUDGET = {"rank0_save": 60.0, "unwrapped_save": 60.0, "upload": 60.0}.get(FAULT, 5.0)
 RANK0_SAVE_SECONDS = 12.0  # beyond the step budget (5 s) twice over
 # The evaluation budget: a real one's (an hour), except where the evaluation hangs.
 EVALUATION_BUDGET = {"eval_hangs": 5.0}.get(FAULT, 3600.0)
@@ -312,6 +312,15 @@ def main() -> int:
                                hangs=FAULT == "unwrapped_save_hangs") as out:
                 torch.save({"model": model.state_dict(), "optimizer": torch.zeros(1 << 20)},
                            out)
+        if armed.is_set() and FAULT.startswith("upload") and rank == 0:
+            # A save through the watched booster, then rank 0 alone uploads it (to an
+            # object store, the Hub) before it goes on, longer than the step budget, while
+            # the others wait for it in the next step's all-reduce; with upload_hangs, an
+            # upload to a server that stopped reading (a write that never returns).
+            armed.clear()
+            saved = CHECKPOINT_DIR / f"upload-{step}.pt"
+            save(booster, model, saved)
+            upload(saved, hangs=FAULT == "upload_hangs")
         if armed.is_set() and FAULT == "solo_eval":
             # An evaluation on one rank only (a rank that holds the validation set), as
             # long as the rank-0 save, while the others wait for it in the next step.
@@ -413,6 +422,42 @@ class ThrottledFile(io.RawIOBase):
     def close(self) -> None:
         self._file.close()
         super().close()
+
+
+def upload(path: Path, hangs: bool) -> None:
+    """An HTTP PUT of ``path`` and 4 MiB more (a checkpoint's shards) to an object store
+    on loopback that reads it at a remote store's slow pace, about 12 s
+    (``RANK0_SAVE_SECONDS``); with ``hangs``, one that stops reading: the write blocks
+    once the socket's buffers are full, and never returns."""
+    import http.client
+    import http.server
+
+    body = path.read_bytes() + bytes(4 * 2**20)
+    rate = len(body) / RANK0_SAVE_SECONDS  # bytes a second
+
+    class SlowStore(http.server.BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:
+            left = int(self.headers["Content-Length"])
+            while left:
+                if hangs:
+                    time.sleep(3600)
+                chunk = self.rfile.read(min(left, 64 * 1024))
+                left -= len(chunk)
+                time.sleep(len(chunk) / rate)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    store = http.server.ThreadingHTTPServer(("127.0.0.1", 0), SlowStore)
+    threading.Thread(target=store.serve_forever, daemon=True).start()
+    connection = http.client.HTTPConnection("127.0.0.1", store.server_address[1],
+                                            timeout=3600)
+    connection.request("PUT", f"/checkpoints/{path.name}", body=body)
+    connection.getresponse().read()
+    connection.close()
+    store.shutdown()
 
 
 def read_validation_shard() -> None:

@@ -35,7 +35,7 @@ HEARTBEAT_RESULTS: Final = ("success", "failure", "dropped")
 Device = Literal["cuda", "cpu", "nvme"]
 DEVICES: tuple[Device, ...] = ("cuda", "cpu", "nvme")
 
-ACTIVITIES: Final = ("compute", "backward", "collective", "data", "checkpoint")
+ACTIVITIES: Final = ("compute", "backward", "collective", "data", "checkpoint", "network")
 #: activities of a rank that waits for others, when the run is stalled
 WAITING: Final = ("collective", "backward")
 

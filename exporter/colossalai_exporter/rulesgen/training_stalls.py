@@ -274,7 +274,8 @@ def checkpoint_stuck(rank_servers: Selector, node_agents: Selector) -> Alert:
     return phase_over_budget(
         "CheckpointStuck", ("checkpointing",),
         "A checkpoint save has run longer than its budget.",
-        over_budget_text("a checkpoint save that does not finish"), rank_servers, node_agents,
+        over_budget_text("a checkpoint save or upload that does not finish"),
+        rank_servers, node_agents,
         unless=waiting_for_another(rank_servers, node_agents))
 
 

@@ -17,8 +17,18 @@ frame in                  activity        what the rank is doing
 ``torch/utils/data/``     ``data``        the data loader
 ``torch/serialization``   ``checkpoint``  torch.save / torch.load
 ``safetensors/``          ``checkpoint``  safetensors' save_file / load_file
+a network client          ``network``     an upload or download: ``socket``,
+                                          ``ssl``, ``http.client``, requests,
+                                          urllib3, httpx, botocore,
+                                          s3transfer, huggingface_hub, …
 anything else             ``compute``     the model, the optimizer, user code
 ========================  ==============  ====================================
+
+``network`` counts only where no part of torch above is further out on the stack: a
+``torch.save`` into an object store's file (s3fs) is ``checkpoint``, a data loader
+that reads from one is ``data``; what is left is the script's own transfer (rank 0
+pushing a checkpoint to S3 or the Hub), which training/unannounced.py takes for part
+of a save.
 
 A thread blocked in C with the GIL held cannot be sampled: the publisher does
 not run, the snapshot ages, and the node agent reports the rank as not
@@ -44,6 +54,11 @@ _CATEGORIES: Final = (
     # ColossalAI's checkpoint IO with use_safetensors=True; Hugging Face's save_pretrained
     ("/safetensors/", "checkpoint"),
 )
+# Network clients, the standard library's and the common uploaders' (module docstring).
+_NETWORK: Final = ("/socket.py", "/ssl.py", "/http/client.py", "/urllib/request.py",
+                   "/urllib3/", "/requests/", "/httpx/", "/httpcore/", "/botocore/",
+                   "/s3transfer/", "/boto3/", "/s3fs/", "/gcsfs/", "/google/cloud/storage/",
+                   "/azure/storage/", "/huggingface_hub/")
 # The monitor's own frames (monitor.step()'s block) say nothing about the rank, nor do
 # contextlib's around them: a phase change publishes from the training thread, inside
 # `with monitor.checkpoint():`, and a save that froze right after (torch.save holding
@@ -60,6 +75,7 @@ def sample(thread_id: int | None) -> Activity | None:
         return None
     frame = sys._current_frames().get(thread_id)
     top = ""
+    network = False
     while frame is not None:
         filename = frame.f_code.co_filename
         if _OWN in filename or filename.endswith(_CONTEXTLIB):
@@ -67,12 +83,16 @@ def sample(thread_id: int | None) -> Activity | None:
             continue
         if not top:
             top = f"{os.path.basename(filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
+        path = filename.replace(os.sep, "/")
         for marker, kind in _CATEGORIES:
-            if marker in filename.replace(os.sep, "/"):
+            if marker in path:
                 collective = _collective_name(frame) if kind == "collective" else ""
                 return Activity(kind=kind, frame=top, collective=collective)
+        network = network or any(marker in path for marker in _NETWORK)
         frame = frame.f_back
-    return Activity(kind="compute", frame=top) if top else None
+    if not top:
+        return None
+    return Activity(kind="network" if network else "compute", frame=top)
 
 
 def _collective_name(frame: object) -> str:

@@ -9,8 +9,10 @@ a hang waits for. Two things tell that work apart from a hang, read outside any 
 once the rank has made no step for a while:
 
 - **a save**: the training thread is inside ``torch.save`` or safetensors (its sampled
-  activity is ``checkpoint``, training/activity.py). Phase "checkpointing", with the
-  checkpoint budget: a save that never ends is CheckpointStuck, with its frame. It
+  activity is ``checkpoint``, training/activity.py), or in a network client of its own
+  (``network``: rank 0 pushing the checkpoint it just saved to S3 or the Hub, often
+  after a watched ``booster.save_model``). Phase "checkpointing", with the checkpoint
+  budget: a save or upload that never ends is CheckpointStuck, with its frame. It
   counts as no checkpoint (the monitor cannot tell whether it succeeded).
 - **an evaluation**: PyTorch's convention, ``model.eval()`` before evaluating and
   ``model.train()`` after, sets the watched model's (``monitor.boost()``,
@@ -71,7 +73,7 @@ class UnannouncedWork:
     def _doing(self) -> str | None:
         # A save first: a script may save with its model still in eval mode.
         where = activity.sample(self._thread_id)
-        if where is not None and where.kind == "checkpoint":
+        if where is not None and where.kind in ("checkpoint", "network"):
             return "checkpointing"
         model = self.model
         if model is not None and not getattr(model, "training", True):
