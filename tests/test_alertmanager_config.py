@@ -318,6 +318,15 @@ def test_slack_title_names_a_lost_node(tmp_path: Path) -> None:
         "🔴 FIRING: TrainingNodeLost — job colossalai-node — run 4242 — node node-7:9466")
 
 
+def test_slack_title_says_how_many_ranks_of_a_run_that_cannot_start_reported(
+        tmp_path: Path) -> None:
+    alert = _alert("0")
+    alert["labels"] = {"alertname": "TrainingRanksMissing", "run": "4242", "world_size": "16",
+                       "reported": "8", "severity": "critical"}
+    assert _render(tmp_path, _data([alert]), "title") == (
+        "🔴 FIRING: TrainingRanksMissing — run 4242 — only 8 of 16 ranks reported")
+
+
 def test_slack_title_names_a_fabric_port_and_its_node(tmp_path: Path) -> None:
     alert = _alert("0")
     alert["labels"] = {"alertname": "InfiniBandPortDown", "node": "node-7", "device": "mlx5_3",

@@ -279,6 +279,8 @@ def test_queries_use_only_catalogued_metrics_and_existing_recording_rules() -> N
                     common.RANK_RUN, common.NODE_RUN, common.AGENT_RANKS,
                     common.AGENT_SERVED_RANKS, common.TROUBLED_RUN,
                     hangs.WAITING_RUNS, stalls.BUSY_RUNS,
+                    # the runs whose world has ranks that never reported, for an alert
+                    stalls.REPORTED_RANKS, stalls.UNSTARTED_RUNS,
                     # the stalled ranks' last collectives, compared by an alert
                     hangs.LAST_COLLECTIVES,
                     # the ranks down, stalled and lost, each read once for the alerts

@@ -60,6 +60,7 @@ for:
   TrainingHangSuspect: 0s
   TrainingStraggler: 15s
   TrainingStartupStuck: 2s
+  TrainingRanksMissing: 2s
   CheckpointStuck: 2s
   EvaluationStuck: 2s
   TrainingRankDown: 10s

@@ -404,9 +404,10 @@ CASES = [
     Case("ranks-never-start", "ranks 2 and 3 of 4 never start (their node did not come up, "
          "under a launcher that starts each rank itself, as srun does): ranks 0 and 1 wait "
          "for them in init_process_group beyond the 5 s start-up budget",
-         "ranks_never_start", -1, ("TrainingStartupStuck",), {"phase": "init"},
+         "ranks_never_start", -1, ("TrainingRanksMissing",),
+         {"reported": "2", "world_size": "4"},
          ("has not started: only 2 of its 4 ranks have reported",
-          "It is in collective (init_process_group)"), trigger="start", release="current"),
+          "Ranks reported by node: 127.0.0.1:"), trigger="start", release="current"),
 ]
 
 
@@ -778,6 +779,9 @@ def check_the_page(stack: Stack, case: Case) -> tuple[float, str]:
         assert f"rank {labels['rank']} on " in title, title
     if "instance" in labels:
         assert labels["instance"] in title, title
+    if "world_size" in labels:  # a run that cannot start: how many of its ranks reported
+        assert f"only {labels['reported']} of {labels['world_size']} ranks reported" in title, \
+            title
     if "remedy" in labels:  # a hardware page says what the node needs
         assert f" — {REMEDIES[labels['remedy']]}" in title, title
     bullet = next(line for line in text.splitlines() if line.startswith("• "))

@@ -152,9 +152,10 @@ def stalled_now(view: Selector) -> str:
     return view(STALLED_RANKS)
 
 
-#: Every rank of either view, with the ``run`` of its ``colossalai_training_info``
-#: (none where the rank has no info: a monitor older than the label): one series a
-#: rank, recorded first in the training file so each alert joins it once.
+#: Every rank of either view, with the ``run`` and ``world_size`` of its
+#: ``colossalai_training_info`` (none where the rank has no info: a monitor older than
+#: the label): one series a rank, recorded first in the training file so each alert
+#: joins it once.
 RANK_RUN = "job_instance_rank:colossalai_training_run:max"
 
 
@@ -164,7 +165,7 @@ def rank_runs(rank_servers: Selector, node_agents: Selector) -> str:
     views = (node_agents, rank_servers)
     info = "\nor\n".join(view(INFO) for view in views)
     ranks = "\nor\n".join(view(metric) for view in views for metric in (PHASE, RANK_UP))
-    return (f"max by (job, instance, rank, run) (\n{indent(info)}\n)\n"
+    return (f"max by (job, instance, rank, run, world_size) (\n{indent(info)}\n)\n"
             f"or on (job, instance, rank)\n"
             f"group by (job, instance, rank) (\n{indent(ranks)}\n)")
 

@@ -40,11 +40,16 @@ from colossalai_exporter.rulesgen.training_heartbeats import heartbeats_failing
 from colossalai_exporter.rulesgen.training_pace import recording, stragglers
 from colossalai_exporter.rulesgen.training_stalls import (
     BUSY_RUNS,
+    REPORTED_RANKS,
+    UNSTARTED_RUNS,
     busy_runs,
     checkpoint_stuck,
     evaluation_stuck,
+    ranks_missing,
+    reported_ranks,
     stalled,
     startup_stuck,
+    unstarted_runs,
 )
 
 
@@ -66,8 +71,11 @@ def training(config: RulesConfig) -> RuleFile:
         Recording(TROUBLED_RUN, troubled_runs()),
         Recording(LOST_RANKS, lost_ranks(node_agents, thresholds.node_lost_window)),
         Recording(BUSY_RUNS, busy_runs(rank_servers, node_agents)),
+        Recording(REPORTED_RANKS, reported_ranks()),
+        Recording(UNSTARTED_RUNS, unstarted_runs(rank_servers, node_agents)),
         stalled(rank_servers, node_agents),
         *hang_suspects(rank_servers, node_agents, thresholds.hang_after_timeout_for),
+        ranks_missing(node_agents),
         startup_stuck(rank_servers, node_agents),
         checkpoint_stuck(rank_servers, node_agents),
         evaluation_stuck(rank_servers, node_agents),

@@ -1,4 +1,5 @@
-"""Stalls: TrainingStalled, TrainingStartupStuck, CheckpointStuck, EvaluationStuck.
+"""Stalls: TrainingStalled, TrainingStartupStuck, TrainingRanksMissing, CheckpointStuck,
+EvaluationStuck.
 
 A rank that stays in one phase beyond that phase's budget. In every phase
 ``colossalai_training_step_timeout_seconds`` is the budget of that phase
@@ -15,6 +16,7 @@ from colossalai_exporter.rulesgen.common import (
     FINISHED,
     INFO,
     RANK,
+    RANK_RUN,
     STALLED,
     TRAINING,
     TROUBLED_RUN,
@@ -38,8 +40,8 @@ from colossalai_exporter.rulesgen.promql import (
     choose,
     expr,
     fill,
-    first_sample,
     indent,
+    printf_query,
     query,
     with_first,
 )
@@ -167,11 +169,10 @@ def over_budget_text(what: str) -> str:
                 last_error=last_error())
 
 
-def phase_over_budget(name: str, phases: tuple[str, ...], summary: str, description: str,
-                      rank_servers: Selector, node_agents: Selector,
-                      unless: str | None = None) -> Alert:
-    """``name``: a rank in one of ``phases`` for longer than its budget, in either view,
-    less the ranks (by run and rank) of ``unless``.
+def over_budget_in(phases: tuple[str, ...], rank_servers: Selector,
+                   node_agents: Selector) -> str:
+    """The ranks in one of ``phases`` for longer than their budget, in either view, each
+    rank once, with their run and ``phase``.
 
     A rank frozen with the GIL held (a checkpoint write into a hung mount inside
     torch.save) cannot answer its own scrape; its last snapshot, which the node agent
@@ -187,33 +188,79 @@ def phase_over_budget(name: str, phases: tuple[str, ...], summary: str, descript
         return (f"{stalled_now(view)}\n* ignoring (phase) group_left (phase)\n"
                 f"  ({in_phase(view, matcher)})")
 
-    stuck = on_any_rank(over_budget, rank_servers, node_agents, run_from=TROUBLED_RUN)
+    return on_any_rank(over_budget, rank_servers, node_agents, run_from=TROUBLED_RUN)
+
+
+def phase_over_budget(name: str, phases: tuple[str, ...], summary: str, description: str,
+                      rank_servers: Selector, node_agents: Selector,
+                      unless: str | None = None, unless_runs: str | None = None) -> Alert:
+    """``name``: a rank in one of ``phases`` for longer than its budget (over_budget_in),
+    less the ranks (by run and rank) of ``unless`` and the runs of ``unless_runs``."""
+    stuck = over_budget_in(phases, rank_servers, node_agents)
     if unless is not None:
         # Parenthesised: "unless" binds tighter than on_any_rank's "or".
         stuck = f"{block(stuck)}\nunless on (run, rank)\n{block(unless)}"
+    if unless_runs is not None:
+        stuck = f"{block(stuck)}\nunless on (run)\n  {unless_runs}"
     return Alert(name, stuck, "critical", summary, description, training_dashboard())
 
 
-def unreported_ranks() -> str:
-    """Template text that sets ``$unreported`` to "only 2 of its 4 ranks have reported"
-    when fewer of the alert's run's ranks (either view, each once) have reported than
-    its world size, and leaves it empty otherwise.
+#: Each run's count of ranks that have reported (either view, each rank once), by the
+#: world size its info declares: recorded once, read twice by UNSTARTED_RUNS.
+REPORTED_RANKS = "run_world_size:colossalai_training_ranks:reported"
+#: The runs with fewer ranks reported than their world size while a rank of theirs is
+#: stuck in start-up: one series a run, ``reported`` and ``world_size`` its labels.
+UNSTARTED_RUNS = "run_world_size_reported:colossalai_training_ranks:unstarted"
+START_UP = ("init", "kernels")
+
+
+def reported_ranks() -> str:
+    """REPORTED_RANKS' expression, from RANK_RUN (recorded before it)."""
+    each = block(f'{RANK_RUN}{{world_size!=""}}', "count by (run, world_size, rank)")
+    return block(each, "count by (run, world_size)")
+
+
+def unstarted_runs(rank_servers: Selector, node_agents: Selector) -> str:
+    """UNSTARTED_RUNS' expression.
 
     A rank waits in ``init_process_group`` until every rank of the world has joined. A
     launcher that starts every rank itself (``srun``, ``mpirun``) leaves the ranks that
     did start waiting there when a node never comes up: nothing of the missing ranks
-    reaches Prometheus, so only the count says what the waiting ones wait for. (torchrun
-    starts no rank until every node's launcher has joined its own rendezvous.) The
-    world size is a label of the info, compared as text: PromQL cannot read a label as a
-    number, and Go templates cannot compare a string with a float."""
-    seen = f"count(count by (rank) ({INFO}{{run=%q}}))"
-    compare = ('{{ $seen := .Value | printf "%.0f" }}{{ if ne $seen $world }}'
-               '{{ $unreported = printf "only %s of its %s ranks have reported" '
-               "$seen $world }}{{ end }}")
-    world = first_sample(f"{INFO}{{run=%q}}", "$labels.run",
-                         "{{ with .Labels.world_size }}{{ $world := . }}"
-                         + first_sample(seen, "$labels.run", compare) + "{{ end }}")
-    return '{{ $unreported := "" }}{{ with $labels.run }}' + world + "{{ end }}"
+    reaches Prometheus, so only their count says what the waiting ones wait for.
+    (torchrun starts no rank until every node's launcher has joined its own
+    rendezvous.) PromQL compares values, not a label with a value: ``count_values``
+    turns the count into the label ``reported``, ``label_replace`` copies that into
+    ``world_size``, and a run whose two labels differ finds no copy of itself."""
+    counted = f'count_values by (run, world_size) ("reported", {REPORTED_RANKS})'
+    as_if_complete = (f'label_replace(\n  {counted},\n'
+                      f'  "world_size", "$1", "reported", "(.+)"\n)')
+    short = f"{counted}\nunless on (run, world_size, reported)\n{as_if_complete}"
+    starting = runs_with(over_budget_in(START_UP, rank_servers, node_agents))
+    return f"{block(short)}\nand on (run)\n{block(starting)}"
+
+
+def ranks_missing(node_agents: Selector) -> Alert:
+    """TrainingRanksMissing: a run stuck in start-up because ranks of its world never
+    reported (UNSTARTED_RUNS). A run, not a rank: the ranks that did start all wait for
+    the missing ones, and none of those is the cause (paged as TrainingStartupStuck of
+    rank 0, the rank the Slack title named was one that waited)."""
+    started_on = (
+        "{{ range $i, $node := "
+        + printf_query(f"sort_desc(count by (instance) ({node_agents(INFO, 'run=%q')}))",
+                       "$labels.run")
+        + ' }}{{ if lt $i 8 }}{{ if $i }}, {{ end }}{{ $node.Labels.instance }} '
+        '({{ $node.Value | printf "%.0f" }}){{ else if eq $i 8 }}, …{{ end }}{{ end }}')
+    return Alert(
+        "TrainingRanksMissing", UNSTARTED_RUNS, "critical",
+        "A training run cannot start: ranks of its world never reported.",
+        "Run {{ $labels.run }} has not started: only {{ $labels.reported }} of its "
+        "{{ $labels.world_size }} ranks have reported, and the others never started (a "
+        "node or its launcher that did not come up) or no Prometheus target reads them. "
+        "The ranks that did start wait for them in start-up beyond its budget. Ranks "
+        "reported by node: " + started_on + ".",
+        # No dashboard: the run has no job or rank the dashboards select by yet, and the
+        # nodes that reported are in the description.
+        None)
 
 
 def startup_stuck(rank_servers: Selector, node_agents: Selector) -> Alert:
@@ -223,22 +270,17 @@ def startup_stuck(rank_servers: Selector, node_agents: Selector) -> Alert:
     (waiting_for_another), or still busy within its own budget (waiting_for_busy: ranks
     start minutes apart where a node pulls its image late): paged, a rank waiting in
     ``init_process_group`` for a rank blocked before it was a second culprit, and the
-    first one the page named.
-
-    Where ranks of the run never reported, the description leads with that: the
-    ranks that did start all wait for them, and none of those is the cause."""
+    first one the page named. Nor in a run whose world has ranks that never reported
+    (UNSTARTED_RUNS): TrainingRanksMissing's."""
     stuck = over_budget_text(choose(
         "$labels.phase", [('"kernels"', "a JIT kernel build or load that does not finish")],
         "start-up that does not finish (the process group's rendezvous, model set-up, "
         "data preparation)"))
-    missing = fill("Run [[$run]] has not started: {{ $unreported }}, and the others never "
-                   "started (a node or its launcher that did not come up) or no Prometheus "
-                   "target reads them. ")
     return phase_over_budget(
-        "TrainingStartupStuck", ("init", "kernels"),
+        "TrainingStartupStuck", START_UP,
         "A training rank is stuck in start-up (init or kernel build) beyond its budget.",
-        f"{unreported_ranks()}{{{{ if $unreported }}}}{missing}{{{{ end }}}}{stuck}",
-        rank_servers, node_agents, unless=waits_for_others(rank_servers, node_agents))
+        stuck, rank_servers, node_agents, unless=waits_for_others(rank_servers, node_agents),
+        unless_runs=UNSTARTED_RUNS)
 
 
 def evaluation_stuck(rank_servers: Selector, node_agents: Selector) -> Alert:
