@@ -115,3 +115,24 @@ def test_no_created_series_in_either_format(tmp_path: Path, encode: Encoder,
         assert "_created" not in body
         names = {s.name for f in parse(body) for s in f.samples}
         assert names <= catalogue.known_sample_names(), names - catalogue.known_sample_names()
+
+
+def test_the_info_serves_each_value_under_its_own_label(tmp_path: Path) -> None:
+    """The info's values, set as the monitor sets them, come back under their own names in
+    both views: its label list was once kept twice, and a label added to the catalogue
+    served every later value under its neighbour's name (the run as world_size)."""
+    monitor = TrainingMonitor(serve="none", run_dir=tmp_path, publish_interval=30.0,
+                              world_size=4, record_signals=False)
+    try:
+        monitor.set_info(pipeline_stage=1, plugin="HybridParallelPlugin", pp_size=2)
+        snap = monitor.snapshot()
+    finally:
+        monitor.close()
+    for outside in (False, True):
+        (info,) = [s for fam in families(snap, outside=outside) if fam.name ==
+                   "colossalai_training" for s in fam.samples]
+        assert info.labels["run"] == snap.info["run"] != "", info.labels
+        assert info.labels["world_size"] == "4", info.labels
+        assert info.labels["pipeline_stage"] == "1", info.labels
+        assert info.labels["plugin"] == "HybridParallelPlugin", info.labels
+        assert set(info.labels) == set(catalogue.get("colossalai_training_info").labels)

@@ -102,6 +102,13 @@ def test_data_parallel_plugins_report_their_dp_size() -> None:
 
     class HybridParallelPlugin:
         tp_size, pp_size, dp_size = 2, 2, 4
+        stage_manager = None  # ColossalAI's, with pp_size 1
+
+    class PipelineStageManager:  # ColossalAI's: `stage` is a property of the pp mesh axis
+        stage = 1
+
+    class PipelinedPlugin(HybridParallelPlugin):
+        stage_manager = PipelineStageManager()
 
     class GeminiPlugin:
         tp_size = 2
@@ -110,6 +117,8 @@ def test_data_parallel_plugins_report_their_dp_size() -> None:
         "plugin": "TorchDDPPlugin", "dp_size": 8, "tp_size": 1, "pp_size": 1}
     assert plugin_info(HybridParallelPlugin(), world_size=16) == {
         "plugin": "HybridParallelPlugin", "tp_size": 2, "pp_size": 2, "dp_size": 4}
+    # the rank's stage, which TrainingStraggler compares ranks within
+    assert plugin_info(PipelinedPlugin(), world_size=16)["pipeline_stage"] == 1
     assert plugin_info(GeminiPlugin(), world_size=8)["dp_size"] == 4
 
 

@@ -308,10 +308,13 @@ RANKS: tuple[Metric, ...] = (
 TRAINING: tuple[Metric, ...] = (
     _m("colossalai_training_info", "info",
        "The run's software and layout (always 1): ColossalAI and torch versions, Booster "
-       "plugin, Gemini placement policy, tensor/pipeline/data parallel sizes, world size, "
-       "and the run id every rank of the job shares (alerts carry it as label run).",
+       "plugin, Gemini placement policy, tensor/pipeline/data parallel sizes, the rank's "
+       "pipeline stage (from HybridParallelPlugin, or monitor.set_info(pipeline_stage=)), "
+       "world size, and the run id every rank of the job shares (alerts carry it as "
+       "label run).",
        ("rank", "colossalai_version", "torch_version", "plugin", "placement_policy",
-        "tp_size", "pp_size", "dp_size", "world_size", "run"), component="training"),
+        "tp_size", "pp_size", "dp_size", "pipeline_stage", "world_size", "run"),
+       component="training"),
     _m("colossalai_training_steps_total", "counter",
        "Training steps completed.", ("rank",), component="training"),
     _m("colossalai_training_last_step_timestamp_seconds", "gauge",

@@ -199,6 +199,10 @@ CASES = [
          "rank 0 waits for it in backward at every step", "straggler", 1,
          ("TrainingStraggler",), {"rank": "1", "cause": "waits_least"},
          ("is the rank the others wait for at every step",), release="current"),
+    Case("heavy-stage", "2-stage pipeline (dist.send/recv) whose last stage has more to do "
+         "(0.25 s more per step: the LM head and the loss), so stage 0 waits for it at every "
+         "step: a pipeline's shape, not a straggler", "heavy_stage", 1, (), quiet=30.0,
+         topology="pipeline", release="current"),
     Case("sigkill", "rank 1 SIGKILLed; rank 0 then fails on its closed connection", "sigkill",
          1, ("TrainingRankDown",), {"rank": "1", "cause": "process"},
          ("was killed: its process vanished with no error, no signal recorded and no OOM kill "

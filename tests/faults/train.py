@@ -227,6 +227,10 @@ def main() -> int:
     else:
         booster = None
         step_fn = collectives_step(model, criterion)
+        if TOPOLOGY == "pipeline":
+            # What a plain-torch pipeline tells the monitor (docs/training.md); ColossalAI's
+            # HybridParallelPlugin is read for it.
+            monitor.set_info(pipeline_stage=rank)
     print(f"rank {rank}: training", flush=True)
     worker_oom = FAULT == "oom_kill_worker" and mine
     batches = iter(torch.utils.data.DataLoader(
@@ -536,8 +540,10 @@ def inject_in_step() -> None:
         raise RuntimeError(GEMINI_LAYOUT)
     if FAULT == "host_oom":
         torch.empty(2**45, dtype=torch.uint8)  # 32 TiB: the CPU allocator refuses
-    if FAULT == "straggler":
-        time.sleep(0.25)  # every step, within the 5 s budget: a slower GPU, say
+    if FAULT in ("straggler", "heavy_stage"):
+        # every step, within the 5 s budget: a slower GPU, say; or, in a pipeline, a
+        # stage with more to do (the last stage's LM head and loss)
+        time.sleep(0.25)
     if FAULT in HANGS:
         time.sleep(3600)  # a compute kernel that never returns, GIL released
     if FAULT == "gil_hang" or hang_after_checkpoint.is_set():

@@ -104,14 +104,15 @@ def waiting_row(node: Selector) -> Row:
               Query(where, table=True), w=12, h=7),
         timeseries("Share of time waiting for other ranks",
                    "Each rank's share of training time spent waiting for the others (in a "
-                   "collective or in backward), and the run's median. In a synchronous job "
+                   "collective or in backward), and the run's median (each pipeline "
+                   "stage's, where the monitor knows the stages). In a synchronous job "
                    "every rank steps at the slowest one's rate: the straggler is the rank "
                    "that hardly waits while the others wait (TrainingStraggler, cause "
                    "waits_least).",
                    Query(f"{rules.WAIT_SHARE}\n  * on (run) group_left () {runs}",
                          "rank {{rank}}"),
                    Query(f"{rules.WAIT_SHARE_MEDIAN}\n  * on (run) group_left () {runs}",
-                         "run median"),
+                         "median {{pipeline_stage}}"),
                    w=24, h=7, unit="percentunit"),
     ))
 

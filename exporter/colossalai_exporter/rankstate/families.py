@@ -21,8 +21,10 @@ from colossalai_exporter import catalogue
 from colossalai_exporter.rankstate.schema import DEVICES, HEARTBEAT_RESULTS, Snapshot
 from colossalai_exporter.rankstate.verdict import judge
 
-INFO_LABELS = ("colossalai_version", "torch_version", "plugin", "placement_policy",
-               "tp_size", "pp_size", "dp_size", "world_size", "run")
+# The info's labels after rank, in the catalogue's order, which the family's samples
+# are given in: a list kept here as well once served every value under its neighbour's
+# name when the catalogue gained a label.
+INFO_LABELS = catalogue.get("colossalai_training_info").labels[1:]
 MONITOR_ERROR_PLACES = ("publish", "loss", "heartbeat", "server", "stacks", "hook")
 _INF = float("inf")
 _OUTSIDE = (

@@ -152,10 +152,10 @@ def stalled_now(view: Selector) -> str:
     return view(STALLED_RANKS)
 
 
-#: Every rank of either view, with the ``run`` and ``world_size`` of its
-#: ``colossalai_training_info`` (none where the rank has no info: a monitor older than
-#: the label): one series a rank, recorded first in the training file so each alert
-#: joins it once.
+#: Every rank of either view, with the ``run``, ``world_size`` and ``pipeline_stage`` of
+#: its ``colossalai_training_info`` (none where the rank has no info: a monitor older
+#: than the label; no stage outside a pipeline): one series a rank, recorded first in
+#: the training file so each alert joins it once.
 RANK_RUN = "job_instance_rank:colossalai_training_run:max"
 
 
@@ -165,7 +165,8 @@ def rank_runs(rank_servers: Selector, node_agents: Selector) -> str:
     views = (node_agents, rank_servers)
     info = "\nor\n".join(view(INFO) for view in views)
     ranks = "\nor\n".join(view(metric) for view in views for metric in (PHASE, RANK_UP))
-    return (f"max by (job, instance, rank, run, world_size) (\n{indent(info)}\n)\n"
+    return (f"max by (job, instance, rank, run, world_size, pipeline_stage) (\n"
+            f"{indent(info)}\n)\n"
             f"or on (job, instance, rank)\n"
             f"group by (job, instance, rank) (\n{indent(ranks)}\n)")
 
@@ -210,21 +211,22 @@ def troubled_runs() -> str:
             f"  ({DOWN_RANKS} or {STALLED_RANKS})")
 
 
-def with_run(vector: str, run_from: str = RANK_RUN) -> str:
+def with_run(vector: str, run_from: str = RANK_RUN, labels: tuple[str, ...] = ("run",)) -> str:
     """``vector`` (a rank's series, of either view) with the ``run`` label of its rank's
     ``colossalai_training_info``, joined from ``run_from``: RANK_RUN, or TROUBLED_RUN
     for a vector of ranks that are down or stalled.
 
-    Values are kept (RANK_RUN is 1). Alertmanager inhibits a run's consequence
-    alerts under its cause alert by this label, so every training alert carries it.
+    ``labels`` are the ones joined: ``run``, and for a comparison within a pipeline
+    stage ``pipeline_stage`` too (RANK_RUN has it). Values are kept (RANK_RUN is 1).
+    Alertmanager inhibits a run's consequence alerts under its cause alert by the
+    ``run`` label, so every training alert carries it.
     A rank without the info (a monitor older than the label) still alerts, without
     ``run``. ``vector`` is read once: at 4,096 ranks each read of a rank-wide vector
     is what an evaluation costs (bench/RESULTS.md, issue 30).
     """
-    labels = ", ".join(RANK)
     # Parenthesised whole: "or" binds loosest, and callers combine this further.
-    return (f"(\n  (\n{indent(vector, 4)}\n  )\n  * on ({labels}) group_left (run)\n"
-            f"    {run_from}\n)")
+    return (f"(\n  (\n{indent(vector, 4)}\n  )\n  * on ({', '.join(RANK)}) "
+            f"group_left ({', '.join(labels)})\n    {run_from}\n)")
 
 
 #: The run started last on each node agent's node, valued by its start: one series a
@@ -269,7 +271,8 @@ def recent_events(series: str, window: Duration, condition: str = "> 0") -> str:
 
 
 def on_any_rank(build: Callable[[Selector], str], rank_servers: Selector,
-                node_agents: Selector, *, run_from: str | None = RANK_RUN) -> str:
+                node_agents: Selector, *, run_from: str | None = RANK_RUN,
+                labels: tuple[str, ...] = ("run",)) -> str:
     """``build``'s vector from whichever view sees the rank, each rank once, with its
     ``run`` (joined from ``run_from`` by :func:`with_run`; None: the series have it).
 
@@ -281,7 +284,7 @@ def on_any_rank(build: Callable[[Selector], str], rank_servers: Selector,
     reports the same rank of the same run, so nothing is counted twice.
     """
     def join(vector: str) -> str:
-        return vector if run_from is None else with_run(vector, run_from)
+        return vector if run_from is None else with_run(vector, run_from, labels)
 
     return (f"{join(build(node_agents))}\nor\n"
             f"(\n{indent(join(build(rank_servers)))}\n"

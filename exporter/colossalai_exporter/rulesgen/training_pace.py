@@ -44,8 +44,14 @@ STEP_RATE_MEDIAN = "job:colossalai_training_steps:median_rate5m"
 STEP_RATE_RATIO = "job_rank:colossalai_training_steps:rate5m_ratio_to_median"
 STEP_MEAN = "job_rank:colossalai_training_step_duration_seconds:mean5m"
 WAIT_SHARE = "run_rank:colossalai_training_waiting:ratio5m"
-WAIT_SHARE_MEDIAN = "run:colossalai_training_waiting:median_ratio5m"
+WAIT_SHARE_MEDIAN = "run_pipeline_stage:colossalai_training_waiting:median_ratio5m"
 SUMMARY = "A training rank is much slower than the rest of its job."
+#: The ranks that do the same work, which a rank's waiting is compared with: its run's,
+#: within its pipeline stage where the monitor knows it (the info's ``pipeline_stage``).
+#: Stages of a pipeline do different work, and the one with most of it (the last, with
+#: the LM head and the loss) waits least at every step: compared across stages, every
+#: unbalanced pipeline paged its heaviest stage as a straggler for its whole run.
+PEERS = "(run, pipeline_stage)"
 
 
 def recording(rank_servers: Selector, node_agents: Selector, interval: str) -> Group:
@@ -70,8 +76,9 @@ def recording(rank_servers: Selector, node_agents: Selector, interval: str) -> G
         Recording(STEP_RATE_MEDIAN, f"quantile by (job) (0.5, {STEP_RATE})"),
         Recording(STEP_RATE_RATIO, f"{STEP_RATE} / on (job) group_left () {STEP_RATE_MEDIAN}"),
         Recording(STEP_MEAN, step_mean(rank_servers)),
-        Recording(WAIT_SHARE, on_any_rank(waiting_share, rank_servers, node_agents)),
-        Recording(WAIT_SHARE_MEDIAN, f"quantile by (run) (0.5, {WAIT_SHARE})"),
+        Recording(WAIT_SHARE, on_any_rank(waiting_share, rank_servers, node_agents,
+                                          labels=("run", "pipeline_stage"))),
+        Recording(WAIT_SHARE_MEDIAN, f"quantile by {PEERS} (0.5, {WAIT_SHARE})"),
     ), interval=interval)
 
 
@@ -126,19 +133,21 @@ def waits_least(rank_servers: Selector, node_agents: Selector, thresholds: Thres
         "TrainingStraggler",
         expr(f"""
             {WAIT_SHARE}
-              < on (run) group_left ()
+              < on {PEERS} group_left ()
                 ({number(thresholds.straggler_wait_ratio)} * {WAIT_SHARE_MEDIAN})
-            and on (run)
+            and on {PEERS}
               ({WAIT_SHARE_MEDIAN} > {number(thresholds.straggler_min_waiting)})
-            and on (run)
-              (count by (run) ({WAIT_SHARE}) > 1)
+            and on {PEERS}
+              (count by {PEERS} ({WAIT_SHARE}) > 1)
         """) + f"\nunless on (run)\n{indent(stalled_runs)}",
         "warning", SUMMARY,
         fill("Rank [[$rank]][[of_run]] on [[$instance]] is the rank the others wait for at "
              "every step: it waits for them {{ $value | humanizePercentage }} of the time, "
-             "while the run's median rank waits [[median]] (in a synchronous job every "
-             "rank steps at the slowest one's rate).",
-             median=first_sample(f"{WAIT_SHARE_MEDIAN}{{run=%q}}", "$labels.run",
+             "while the median rank of its run[[stage]] waits [[median]] (in a synchronous "
+             "job every rank steps at the slowest one's rate).",
+             stage="{{ with $labels.pipeline_stage }}'s pipeline stage {{ . }}{{ end }}",
+             median=first_sample(f"{WAIT_SHARE_MEDIAN}{{run=%q,pipeline_stage=%q}}",
+                                 "$labels.run $labels.pipeline_stage",
                                  "{{ .Value | humanizePercentage }}"))
         + rank_gpu_slowdowns(by_run=True),
         training_dashboard(), cause="waits_least")

@@ -23,7 +23,8 @@ _WATCHED = "_colossalai_exporter_watched"
 
 
 def plugin_info(plugin: Any, world_size: int | None = None) -> dict[str, Any]:
-    """Info labels from a Booster plugin: its class, parallel sizes, Gemini placement.
+    """Info labels from a Booster plugin: its class, parallel sizes, the rank's pipeline
+    stage, Gemini placement.
 
     Plugins that only shard data (TorchDDPPlugin, TorchFSDPPlugin, LowLevelZeroPlugin,
     GeminiPlugin without tensor parallelism) have no ``dp_size`` attribute: every
@@ -43,6 +44,12 @@ def plugin_info(plugin: Any, world_size: int | None = None) -> dict[str, Any]:
             info["dp_size"] = world_size // model_parallel
             info.setdefault("tp_size", 1)
             info.setdefault("pp_size", 1)
+    # The rank's pipeline stage (HybridParallelPlugin and MoeHybridParallelPlugin with
+    # pp_size > 1): TrainingStraggler compares a rank with the ranks of its own stage,
+    # since stages do different work.
+    stage = getattr(getattr(plugin, "stage_manager", None), "stage", None)
+    if isinstance(stage, int) and not isinstance(stage, bool):
+        info["pipeline_stage"] = stage
     gemini_config = getattr(plugin, "gemini_config", None)
     if isinstance(gemini_config, dict) and gemini_config.get("placement_policy"):
         info["placement_policy"] = gemini_config["placement_policy"]
