@@ -209,6 +209,9 @@ def test_an_upload_is_network_unless_torch_is_further_out(tmp_path: Path) -> Non
             stop.clear()
             where = _sample_until(work, "client.py:", stop)
             assert where.kind == kind, where
+            # the script's own line first, then the library's it waits in
+            assert where.frame.startswith("test_training_activity.py:"), where
+            assert "(client.py:" in where.frame, where
 
 
 def test_a_thread_that_is_not_running_python_has_no_activity() -> None:

@@ -396,7 +396,9 @@ TRAINING: tuple[Metric, ...] = (
        "is stalled): activity collective, backward (both: waiting for other ranks when "
        "the run is stalled), data, checkpoint, network (an upload or download of the "
        "script's own) or compute; the c10d function of a "
-       "collective; the innermost Python frame as file:line in function.",
+       "collective; the script's innermost frame as file:line in function, then the "
+       "library frame the thread is in where that is elsewhere (train.py:88 in upload "
+       "(client.py:1009 in send)).",
        ("rank", "activity", "collective", "frame"), component="training"),
     _m("colossalai_training_collective_enqueued", "gauge",
        "Sequence number of the last collective the rank enqueued in process group pg "

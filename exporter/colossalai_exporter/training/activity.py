@@ -30,6 +30,13 @@ that reads from one is ``data``; what is left is the script's own transfer (rank
 pushing a checkpoint to S3 or the Hub), which training/unannounced.py takes for part
 of a save.
 
+The frame named is the script's own innermost one, then the library frame the thread
+is in when that is elsewhere: ``train.py:88 in upload (client.py:1009 in send)``. The
+script's line is what on-call opens; the library's says what it waits in. Code of the
+standard library and of installed packages is library code (a training package
+installed into site-packages counts as library, and its caller in the script is
+named).
+
 A thread blocked in C with the GIL held cannot be sampled: the publisher does
 not run, the snapshot ages, and the node agent reports the rank as not
 responding, which is the answer in that case.
@@ -38,7 +45,9 @@ responding, which is the answer in that case.
 from __future__ import annotations
 
 import os
+import site
 import sys
+import sysconfig
 from typing import Final
 
 from colossalai_exporter.rankstate.schema import Activity
@@ -65,6 +74,17 @@ _NETWORK: Final = ("/socket.py", "/ssl.py", "/http/client.py", "/urllib/request.
 # the GIL) paged "in compute at contextlib.py in __enter__", its last snapshot's frame.
 _OWN: Final = f"{os.sep}colossalai_exporter{os.sep}training{os.sep}"
 _CONTEXTLIB: Final = f"{os.sep}contextlib.py"
+# The standard library's and installed packages' directories: the frames that are not
+# the script's own (module docstring).
+# Both as given and resolved: a virtual environment reached through a symbolic link
+# names its frames by the link.
+_LIBRARY: Final = tuple(sorted({
+    os.path.join(form, "")
+    for path in (*(sysconfig.get_paths().get(key) for key in
+                   ("stdlib", "platstdlib", "purelib", "platlib")),
+                 *site.getsitepackages(), site.getusersitepackages())
+    if path
+    for form in (path, os.path.realpath(path))}))
 # c10d wraps its API in logging decorators; the collective is the wrapped name.
 _WRAPPERS: Final = frozenset({"wrapper", "_fn", "inner"})
 
@@ -74,25 +94,32 @@ def sample(thread_id: int | None) -> Activity | None:
     if thread_id is None:
         return None
     frame = sys._current_frames().get(thread_id)
-    top = ""
+    top = script = kind = collective = ""
     network = False
-    while frame is not None:
+    while frame is not None and not (kind and script):
         filename = frame.f_code.co_filename
         if _OWN in filename or filename.endswith(_CONTEXTLIB):
             frame = frame.f_back
             continue
-        if not top:
-            top = f"{os.path.basename(filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
-        path = filename.replace(os.sep, "/")
-        for marker, kind in _CATEGORIES:
-            if marker in path:
-                collective = _collective_name(frame) if kind == "collective" else ""
-                return Activity(kind=kind, frame=top, collective=collective)
-        network = network or any(marker in path for marker in _NETWORK)
+        where = f"{os.path.basename(filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
+        top = top or where
+        if not script and not filename.startswith(("<", *_LIBRARY)):
+            script = where
+        if not kind:
+            path = filename.replace(os.sep, "/")
+            for marker, category in _CATEGORIES:
+                if marker in path:
+                    kind = category
+                    collective = _collective_name(frame) if kind == "collective" else ""
+                    break
+            else:
+                network = network or any(marker in path for marker in _NETWORK)
         frame = frame.f_back
     if not top:
         return None
-    return Activity(kind="network" if network else "compute", frame=top)
+    kind = kind or ("network" if network else "compute")
+    named = top if script in ("", top) else f"{script} ({top})"
+    return Activity(kind=kind, frame=named, collective=collective)
 
 
 def _collective_name(frame: object) -> str:
