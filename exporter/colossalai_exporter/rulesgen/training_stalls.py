@@ -312,13 +312,14 @@ def waits_for_others(rank_servers: Selector, node_agents: Selector) -> str:
 
 def checkpoint_stuck(rank_servers: Selector, node_agents: Selector) -> Alert:
     """CheckpointStuck: a checkpoint save beyond the checkpoint budget (a cause alert),
-    not for a rank whose save waits in a collective for another (waiting_for_another)."""
+    not for a rank whose save waits in a collective for another rank of its run that is
+    stuck, down or busy within its own budget (waits_for_others, as the other stuck
+    phases)."""
     return phase_over_budget(
         "CheckpointStuck", ("checkpointing",),
         "A checkpoint save has run longer than its budget.",
         over_budget_text("a checkpoint save or upload that does not finish"),
-        rank_servers, node_agents,
-        unless=waiting_for_another(rank_servers, node_agents))
+        rank_servers, node_agents, unless=waits_for_others(rank_servers, node_agents))
 
 
 def waiting_for_another(rank_servers: Selector, node_agents: Selector) -> str:
