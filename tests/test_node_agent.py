@@ -224,6 +224,39 @@ def test_master_addr_is_the_default_rendezvous_target(server_process, listener: 
     assert value(scrape(agent.url), "colossalai_nccl_up", target=f"127.0.0.1:{listener}") == 1
 
 
+def test_the_live_ranks_stores_are_checked_and_no_store_is_guessed(
+        server_process, tmp_path: Path, listener: int,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On defaults the agent checks the store each live rank was given (its snapshot's
+    MASTER_ADDR:MASTER_PORT, a torchrun --standalone job's own port), and nothing else:
+    it once checked 127.0.0.1:29500, and a healthy standalone job paged
+    NCCLRendezvousDown."""
+    from colossalai_exporter import TrainingMonitor
+
+    run_dir = tmp_path / "run"
+    env = cli_env()
+    env.pop("MASTER_ADDR", None)
+    env.pop("MASTER_PORT", None)
+    agent = server_process("node", NO_GPU, "--no-collector.disk", "--ranks.run-dir",
+                           str(run_dir), env=env)
+    assert "colossalai_nccl_up{" not in scrape(agent.url)  # no rank, no store to check
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(listener))
+    monitor = TrainingMonitor(serve="none", run_dir=run_dir, publish_interval=0.2,
+                              record_signals=False)
+    try:
+        with monitor.step():
+            pass
+        # The rendezvous collector reads the stores the ranks collector saw last scrape.
+        wait_until(lambda: value(scrape(agent.url), "colossalai_nccl_up",
+                                 target=f"127.0.0.1:{listener}") == 1,
+                   timeout=30, interval=0.2, what="the rank's store checked")
+        text = scrape(agent.url)
+        assert text.count("colossalai_nccl_up{") == 1, text
+    finally:
+        monitor.close()
+
+
 def test_hung_mount_does_not_block_the_scrape(hung_disk_path: object) -> None:
     """A stat that never returns (a hung NFS mount) is reported as timeout in time."""
     import time

@@ -22,7 +22,8 @@ Example ``node.yml`` (every key optional)::
     state_dir: /var/lib/colossalai-exporter
 
 Environment: ``CHECKPOINT_DIR`` and ``NVME_PATH`` (the tutorial's) name the
-default disks, ``MASTER_ADDR``/``MASTER_PORT`` the default rendezvous target.
+default disks, ``MASTER_ADDR``/``MASTER_PORT`` a rendezvous target checked always (the
+live ranks' own stores are checked anyway).
 Without a flag, a file's ``disks`` or these variables, the agent watches the
 built-in :data:`DEFAULT_DISKS`, each only where it exists (see node/disk.py).
 """
@@ -206,10 +207,11 @@ def apply_environment(config: NodeConfig, env: Mapping[str, str]) -> None:
     ras = env.get("NCCL_RAS_ADDR")
     if ras and config.nccl_ras == Endpoint("127.0.0.1", 28028):
         config.nccl_ras = parse_endpoint(ras, "NCCL_RAS_ADDR")
-    if not config.rendezvous:
-        host = env.get("MASTER_ADDR") or "127.0.0.1"
-        port = env.get("MASTER_PORT") or "29500"
-        config.rendezvous = [parse_endpoint(f"{host}:{port}", "MASTER_ADDR:MASTER_PORT")]
+    # A store given in the agent's environment is checked always; without one, only the
+    # stores the live ranks' snapshots name (node/rendezvous.py).
+    if not config.rendezvous and env.get("MASTER_ADDR") and env.get("MASTER_PORT"):
+        config.rendezvous = [parse_endpoint(f"{env['MASTER_ADDR']}:{env['MASTER_PORT']}",
+                                            "MASTER_ADDR:MASTER_PORT")]
 
 
 def add_node_flags(parser: argparse.ArgumentParser) -> None:
@@ -222,8 +224,9 @@ def add_node_flags(parser: argparse.ArgumentParser) -> None:
                         help="watch a path that must be a mount point (an NVMe offload mount)")
     parser.add_argument("--rendezvous.target", dest="rendezvous", action="append", default=[],
                         metavar="HOST:PORT",
-                        help="rendezvous/store endpoint (repeatable); default "
-                             "$MASTER_ADDR:$MASTER_PORT, else 127.0.0.1:29500")
+                        help="rendezvous/store endpoint to check always (repeatable), "
+                             "besides the stores the live ranks' snapshots name; default "
+                             "$MASTER_ADDR:$MASTER_PORT where both are set")
     parser.add_argument("--rendezvous.timeout", dest="rendezvous_timeout", type=float,
                         default=None, metavar="SECONDS",
                         help="deadline for one rendezvous connect (default 2)")

@@ -163,6 +163,7 @@ class RanksCollector:
         self._reading: Future[RunDirLook] | None = None
         self._pids: dict[int, int] = {}  # pid -> rank of the live local ranks, last scrape
         self._world: tuple[str, int] | None = None  # their run and world size, last scrape
+        self._stores: list[str] = []  # their rendezvous stores, last scrape
         self.exits = exits if exits is not None else ExitJudge(
             KernelLog(), forget_after=forget_after, clock=clock)
 
@@ -252,6 +253,7 @@ class RanksCollector:
         now = self._clock()
         pids: dict[int, int] = {}
         worlds: dict[tuple[str, int], int] = {}
+        stores: set[str] = set()
         up = catalogue.gauge("colossalai_rank_up")
         age = catalogue.gauge("colossalai_rank_snapshot_age_seconds")
         stopped = catalogue.gauge("colossalai_rank_process_stopped")
@@ -274,6 +276,8 @@ class RanksCollector:
             (live if alive else gone).append(snap)
             if alive:
                 pids[snap.pid] = rank
+                if snap.rendezvous:
+                    stores.add(snap.rendezvous)
                 world = (snap.info.get("run", ""), snap.world_size)
                 worlds[world] = worlds.get(world, 0) + 1
             fresh = alive and snap_age <= stale_after
@@ -286,6 +290,7 @@ class RanksCollector:
         for gone_rank in self._writers.keys() - {rank for rank, _ in look.snapshots}:
             del self._writers[gone_rank]  # its file is gone: a later one starts afresh
         self._pids = pids
+        self._stores = sorted(stores)
         self._world = max(worlds, key=worlds.__getitem__) if worlds else None
         exits = catalogue.info("colossalai_rank_exit_info")
         judged = self.exits.scrape(live, gone,
@@ -301,6 +306,11 @@ class RanksCollector:
         """pid -> training rank of this node's live ranks, as the last scrape saw them
         (for the nccl collector, which learns pids from NCCL)."""
         return dict(self._pids)
+
+    def local_stores(self) -> list[str]:
+        """The rendezvous stores (``MASTER_ADDR:MASTER_PORT``) of this node's live ranks,
+        as the last scrape saw them (for the rendezvous collector)."""
+        return list(self._stores)
 
     def local_world(self) -> tuple[str, int] | None:
         """(run, world size) of this node's live ranks (most of them, should they

@@ -1,4 +1,10 @@
-"""Rendezvous reachability: a TCP connect to each configured store endpoint.
+"""Rendezvous reachability: a TCP connect to each store endpoint.
+
+The endpoints are the stores of the ranks live on this node, as their snapshots say
+(``MASTER_ADDR:MASTER_PORT`` as the launcher set them for the rank: the ranks collector
+reads them), and any configured ones. A fixed guess is none: an agent on defaults
+checked 127.0.0.1:29500, and a healthy ``torchrun --standalone`` job (its store on a
+port of its own) paged NCCLRendezvousDown within a minute.
 
 This is the tutorial's ``check_nccl_port``, done for every endpoint at once,
 each with its own deadline, and with the reason a connect failed. NCCL's own
@@ -24,7 +30,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from colossalai_exporter import catalogue
 from colossalai_exporter.node.base import LoopWaker
@@ -38,6 +44,7 @@ if TYPE_CHECKING:
     from colossalai_exporter.node.base import Pending
     from colossalai_exporter.node.collectors import Built
     from colossalai_exporter.node.config import NodeConfig
+    from colossalai_exporter.node.ranks import RanksCollector
 
 REASONS = ("refused", "timeout", "dns", "unreachable", "error")
 
@@ -213,20 +220,35 @@ class RendezvousCollector:
     name = "rendezvous"
     reasons: tuple[str, ...] = ("error",)
 
-    def __init__(self, endpoints: list[Endpoint], timeout: float = 2.0) -> None:
+    def __init__(self, endpoints: list[Endpoint], timeout: float = 2.0,
+                 discovered: Callable[[], list[str]] | None = None) -> None:
+        """``endpoints``: the configured ones; ``discovered``: the live ranks' stores."""
         self.endpoints = endpoints
         self.timeout = timeout
-        names = [ep for ep in endpoints if not _is_ip_literal(ep.host)]
-        # Threads outlive a hung getaddrinfo; a small pool bounds how many pile up.
-        self._pool = ThreadPoolExecutor(max_workers=max(1, min(8, len(names))),
-                                        thread_name_prefix="rendezvous") if names else None
+        self._discovered = discovered
+        # Threads outlive a hung getaddrinfo; a small pool bounds how many pile up. Made
+        # at the first name to resolve (a rank's MASTER_ADDR is often a host name).
+        self._pool: ThreadPoolExecutor | None = None
+
+    def current(self) -> list[Endpoint]:
+        """The configured endpoints, then the live ranks' stores not among them; a store a
+        snapshot names that is not host:port is skipped (the snapshot's, not ours)."""
+        endpoints = list(self.endpoints)
+        for spec in self._discovered() if self._discovered is not None else ():
+            try:
+                endpoint = parse_store(spec)
+            except ValueError:
+                continue
+            if endpoint not in endpoints:
+                endpoints.append(endpoint)
+        return endpoints
 
     def begin(self, deadline: float) -> _Connects:
         """Start every connect; collect() waits for them."""
         budget = max(0.01, min(self.timeout, deadline - time.monotonic()))
         attempts: list[_Attempt] = []
         resolving: list[tuple[Endpoint, Future[ConnectResult]]] = []
-        for endpoint in self.endpoints:
+        for endpoint in self.current():
             family = _ip_family(endpoint.host)
             if family is not None:
                 try:
@@ -235,14 +257,16 @@ class RendezvousCollector:
                     failed: Future[ConnectResult] = Future()
                     failed.set_result(ConnectResult(False, 0.0, "error"))
                     resolving.append((endpoint, failed))
-            elif self._pool is not None:
+            else:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(max_workers=8,
+                                                    thread_name_prefix="rendezvous")
                 resolving.append((endpoint, self._pool.submit(connect, endpoint, budget)))
         return _Connects(attempts, resolving, budget)
 
     def collect(self, deadline: float, pending: Pending | None = None) -> list[MetricFamily]:
         connects = pending if isinstance(pending, _Connects) else self.begin(deadline)
-        results = dict(connects.results(deadline))
-        return self._families([(ep, results[ep]) for ep in self.endpoints if ep in results])
+        return self._families(connects.results(deadline))
 
     def _families(self, results: list[tuple[Endpoint, ConnectResult]]) -> list[MetricFamily]:
         up = catalogue.gauge("colossalai_nccl_up")
@@ -260,8 +284,18 @@ class RendezvousCollector:
             self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def from_config(config: NodeConfig, built: Built) -> RendezvousCollector | None:
-    """The registry's factory (node/collectors.py): none without a target."""
-    if not config.rendezvous:
-        return None
-    return RendezvousCollector(config.rendezvous, config.rendezvous_timeout)
+def parse_store(spec: str) -> Endpoint:
+    """``host:port`` or ``[v6]:port`` as a snapshot writes it; ValueError otherwise."""
+    host, sep, port = spec.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"not host:port: {spec!r}")
+    return Endpoint(host, int(port))
+
+
+def from_config(config: NodeConfig, built: Built) -> RendezvousCollector:
+    """The registry's factory (node/collectors.py): the configured endpoints, and the
+    stores of the ranks the ranks collector sees (when it is on)."""
+    ranks = cast("RanksCollector | None", built.collectors.get("ranks"))
+    return RendezvousCollector(config.rendezvous, config.rendezvous_timeout,
+                               discovered=ranks.local_stores if ranks is not None else None)

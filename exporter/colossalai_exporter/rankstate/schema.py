@@ -196,6 +196,9 @@ class Snapshot(msgspec.Struct, kw_only=True):
     in_flight_known: bool = False
     #: how often the publisher writes: a reader knows when the next one is overdue
     publish_interval: float | None = None
+    #: the process group's store, ``MASTER_ADDR:MASTER_PORT`` as the launcher set them
+    #: for the rank (empty where it set neither): the endpoint the node agent checks
+    rendezvous: str = ""
     #: the publisher's samples of the training thread while training, and how many
     #: found it waiting in a collective or backward
     activity_samples: int = 0

@@ -510,6 +510,7 @@ class TrainingMonitor:
         # From the publisher (or a scrape's) thread; a few microseconds, nothing on the
         # training thread. Where a stalled rank is names the rank a hang waits for.
         snap.publish_interval = self.settings.publish_interval
+        snap.rendezvous = self.settings.rendezvous
         try:
             snap.activity = activity.sample(self._training_thread)
         except Exception as exc:

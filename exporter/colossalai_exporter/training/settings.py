@@ -80,6 +80,14 @@ def detect_run_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
 
 
+def master_endpoint(env: Mapping[str, str]) -> str:
+    """``MASTER_ADDR:MASTER_PORT`` (an IPv6 address in brackets), "" without both."""
+    addr, port = env.get("MASTER_ADDR", "").strip(), env.get("MASTER_PORT", "").strip()
+    if not (addr and port.isdigit()):
+        return ""
+    return f"[{addr}]:{port}" if ":" in addr else f"{addr}:{port}"
+
+
 @dataclass(frozen=True)
 class MonitorSettings:
     """Everything a TrainingMonitor was told or found out, resolved (docs/training.md)."""
@@ -107,6 +115,9 @@ class MonitorSettings:
     run_id: str
     watch_kernels: bool
     record_signals: bool
+    #: ``MASTER_ADDR:MASTER_PORT`` as the launcher set them ("" without both): the
+    #: process group's store, which the node agent checks (NCCLRendezvousDown)
+    rendezvous: str = ""
 
     @property
     def serves(self) -> bool:
@@ -188,4 +199,5 @@ class MonitorSettings:
             run_id=(run_id or detect_run_id())[:200],
             watch_kernels=watch_kernels,
             record_signals=record_signals,
+            rendezvous=master_endpoint(env),
         )
