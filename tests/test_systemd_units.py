@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from colossalai_exporter.flags import ArgumentParser, add_common_flags
-from colossalai_exporter.node.config import add_node_flags, load_config
+from colossalai_exporter.node.config import NodeConfig, add_node_flags, load_config
 from deploy_helpers import DEPLOY, load_yaml
 
 SYSTEMD = DEPLOY / "systemd"
@@ -124,25 +124,36 @@ def test_node_agent_sees_pids_shm_gpus_and_true_mount_flags() -> None:
     # watched paths are writable (for the mount flags the agent reports), "-": optional
     env = parse_env(SYSTEMD / "colossalai-exporter-node.env")
     writable = value(unit, "ReadWritePaths").split()
-    for var in ("CHECKPOINT_DIR", "NVME_PATH"):
-        assert f"-{env[var]}" in writable, var
+    for disk in shipped_node_config(env).disks:
+        assert f"-{disk.path}" in writable, disk
     assert env["COLOSSALAI_EXPORTER_RUN_DIR"] == "/dev/shm/colossalai-exporter"
 
 
-def test_node_env_file_is_what_the_agent_accepts() -> None:
-    env = parse_env(SYSTEMD / "colossalai-exporter-node.env")
+def shipped_node_config(env: dict[str, str]) -> NodeConfig:
+    """What the unit's agent runs with: the env file's flags, its --config.file read from
+    the shipped example that deploy.md installs there."""
     parser = ArgumentParser(prog="node")
     add_common_flags(parser, 9466)
     add_node_flags(parser)
-    args = parser.parse_args(env["NODE_AGENT_ARGS"].split())
-    config = load_config(args, env=env)
+    flags = env["NODE_AGENT_ARGS"].split()
+    assert flags == ["--config.file=/etc/colossalai-exporter/node.yml"], flags
+    example = DEPLOY / "node" / "node.example.yml"
+    return load_config(parser.parse_args([f"--config.file={example}"]), env=env)
+
+
+def test_node_env_file_and_config_are_what_the_agent_and_the_health_check_read() -> None:
+    """The unit's agent and the Slurm health check read one file: the env file names it,
+    and healthcheck.sh's default is the same path (a helper following deploy.md found
+    the check reading a file the docs never had one write, and never checking the GPU
+    count or the NVMe mount the agent did)."""
+    env = parse_env(SYSTEMD / "colossalai-exporter-node.env")
+    config = shipped_node_config(env)
     assert config.daemon.listen_address == ":9466"
+    assert config.gpu_expected == 8
     assert {d.name: (d.path, d.mount_point) for d in config.disks} == {
-        "nvme_offload": (env["NVME_PATH"], True)}
-    # without --disk flags of its own, the tutorial's variables name the disks
-    defaults = load_config(parser.parse_args([]), env=env)
-    assert {d.name: d.path for d in defaults.disks} == {
-        "checkpoints": env["CHECKPOINT_DIR"], "nvme_offload": env["NVME_PATH"]}
+        "checkpoints": ("/checkpoints", False), "nvme_offload": ("/nvme", True)}
+    healthcheck = (DEPLOY / "slurm" / "healthcheck.sh").read_text()
+    assert "${COLOSSALAI_NODE_CONFIG:-/etc/colossalai-exporter/node.yml}" in healthcheck
 
 
 def test_bridge_keeps_its_outbox_in_the_state_directory() -> None:
