@@ -174,3 +174,47 @@ def test_annotations_follow_the_conventions() -> None:
         assert rule["labels"]["severity"] in ("critical", "warning", "info")
         if rule["alert"] != "Watchdog":
             assert "{{" in annotations["description"], rule["alert"]
+
+
+def runbook_queries() -> list[str]:
+    """Every query of the runbooks' ```promql blocks: a line at the block's level starts
+    one, an open bracket continues it onto the next lines; ``# …`` comments dropped."""
+    text = (REPO / "docs" / "runbooks.md").read_text()
+    queries: list[str] = []
+    for block in re.findall(r"```promql\n(.*?)```", text, re.DOTALL):
+        lines: list[str] = []
+        depth = 0
+        for raw in block.splitlines():
+            line = re.sub(r"\s+#.*$", "", raw).rstrip()
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            if depth == 0 and lines:
+                queries.append("\n".join(lines))
+                lines = []
+            lines.append(line)
+            depth += sum(line.count(o) - line.count(c) for o, c in ("()", "{}", "[]"))
+        if lines:
+            queries.append("\n".join(lines))
+    return queries
+
+
+def test_runbook_queries_parse_and_select_what_is_served_or_recorded(tmp_path: Path) -> None:
+    """On-call pastes the runbooks' "Check first" queries as they stand: each must parse
+    (promtool, as a recording rule's expression) and select only metrics the exporters
+    serve, the rules record, Prometheus writes, node_exporter serves (node_*), or the
+    chat engines the engine rules read serve (vLLM, SGLang, TGI). A helper following
+    the docs found queries that parsed and named the wrong rank."""
+    queries = runbook_queries()
+    assert len(queries) > 100
+    known = (catalogue.known_sample_names() | catalogue.native_histogram_names()
+             | PROMETHEUS_BUILTIN | {"ALERTS_FOR_STATE"}
+             | {r["record"] for r in _rules() if "record" in r})
+    for query in queries:
+        unknown = {n for n in metric_names(query)
+                   if not n.startswith(("node_", "vllm:", "sglang:", "tgi_"))} - known
+        assert not unknown, (query, unknown)
+    rules_file = tmp_path / "runbook-queries.yml"
+    rules_file.write_text(yaml.safe_dump({"groups": [{"name": "runbooks", "rules": [
+        {"record": f"runbook:query:{i}", "expr": q} for i, q in enumerate(queries)]}]}))
+    checked = _promtool("check", "rules", str(rules_file))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
