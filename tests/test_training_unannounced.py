@@ -117,35 +117,58 @@ def test_a_save_outside_a_step_is_phase_checkpointing_until_the_next_step(
         monitor.close()
 
 
-def test_an_upload_outside_a_step_is_phase_checkpointing(
-        tmp_path: Path, short_idle: None) -> None:
-    """Rank 0 pushing its checkpoint to an object store after a save (an HTTP PUT on the
-    training thread): the store reads nothing until the snapshot says checkpointing,
-    with the checkpoint budget, from the last step."""
-    monitor = watched(tmp_path, SimpleNamespace(training=True))
+def upload_while(tmp_path: Path, until: Any) -> Snapshot:
+    """An HTTP PUT on the training thread to a store on loopback that reads nothing until
+    ``until(snapshot)`` holds (or 30 s), then all of it; the snapshot it saw."""
     seen: list[Snapshot] = []
 
     def store(server: socket.socket) -> None:
         conn, _ = server.accept()
         with conn:
-            wait_until(lambda: on_disk(tmp_path).phase == "checkpointing", timeout=30,
-                       interval=0.02, what="phase checkpointing during the upload")
+            wait_until(lambda: until(on_disk(tmp_path)), timeout=30, interval=0.02,
+                       what="the snapshot during the upload")
             seen.append(on_disk(tmp_path))
             while conn.recv(1 << 20):  # then reads it all, until the client closes
                 pass
 
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        reader = threading.Thread(target=store, args=(server,))
+        reader.start()
+        upload = http.client.HTTPConnection("127.0.0.1", server.getsockname()[1], timeout=60)
+        upload.request("PUT", "/checkpoints/step-3.pt", body=bytes(16 << 20))
+        upload.close()
+        reader.join(60)
+    assert seen, "the upload never seen"
+    return seen[0]
+
+
+def test_an_upload_after_a_save_is_phase_checkpointing(
+        tmp_path: Path, short_idle: None) -> None:
+    """Rank 0 pushing its checkpoint to an object store after a watched save (an HTTP PUT
+    on the training thread): the store reads nothing until the snapshot says
+    checkpointing, with the checkpoint budget, from the last step."""
+    monitor = watched(tmp_path, SimpleNamespace(training=True))
     try:
-        with socket.create_server(("127.0.0.1", 0)) as server:
-            reader = threading.Thread(target=store, args=(server,))
-            reader.start()
-            upload = http.client.HTTPConnection("127.0.0.1", server.getsockname()[1],
-                                                timeout=60)
-            upload.request("PUT", "/checkpoints/step-3.pt", body=bytes(16 << 20))
-            upload.close()
-            reader.join(60)
-        assert seen, "the upload never seen"
-        since_last_step_with_budget(seen[0], 1200.0)  # the checkpoint budget
+        with monitor.checkpoint(step=3):  # booster.save_model, watched
+            pass
+        seen = upload_while(tmp_path, lambda snap: snap.phase == "checkpointing")
+        since_last_step_with_budget(seen, 1200.0)  # the checkpoint budget
         back_to_training_at_the_next_step(monitor, tmp_path)
+    finally:
+        monitor.close()
+
+
+def test_a_transfer_with_no_save_before_it_stays_training(
+        tmp_path: Path, short_idle: None) -> None:
+    """The next data shard fetched over HTTP outside a DataLoader, no save since the last
+    step: not a save. It stays training (with the step budget), so a fetch that hangs is
+    paged as a stall, not after the checkpoint budget."""
+    monitor = watched(tmp_path, SimpleNamespace(training=True))
+    try:
+        seen = upload_while(tmp_path, lambda snap: snap.written - (snap.last_step or 0)
+                            > 4 * IDLE and snap.activity is not None
+                            and snap.activity.kind == "network")
+        assert seen.phase == "training" and seen.timeout == 60.0, seen
     finally:
         monitor.close()
 

@@ -9,11 +9,14 @@ a hang waits for. Two things tell that work apart from a hang, read outside any 
 once the rank has made no step for a while:
 
 - **a save**: the training thread is inside ``torch.save`` or safetensors (its sampled
-  activity is ``checkpoint``, training/activity.py), or in a network client of its own
-  (``network``: rank 0 pushing the checkpoint it just saved to S3 or the Hub, often
-  after a watched ``booster.save_model``). Phase "checkpointing", with the checkpoint
-  budget: a save or upload that never ends is CheckpointStuck, with its frame. It
-  counts as no checkpoint (the monitor cannot tell whether it succeeded).
+  activity is ``checkpoint``, training/activity.py), or, once the rank has saved since
+  its last step, in a network client of its own (``network``: rank 0 pushing the
+  checkpoint it just saved through the watched ``booster.save_model`` to S3 or the
+  Hub). Phase "checkpointing", with the checkpoint budget: a save or upload that never
+  ends is CheckpointStuck, with its frame. It counts as no checkpoint (the monitor
+  cannot tell whether it succeeded). A transfer with no save before it (the next data
+  shard fetched outside a DataLoader) is not a save: it stays training, and a fetch
+  that hangs is paged within the step budget.
 - **an evaluation**: PyTorch's convention, ``model.eval()`` before evaluating and
   ``model.train()`` after, sets the watched model's (``monitor.boost()``,
   ``watch(booster, model)``) ``training`` attribute. Phase "evaluating", with
@@ -70,10 +73,18 @@ class UnannouncedWork:
         if phase is not None:
             self._phases.enter_unannounced(phase, since=state.last_step, only_from="training")
 
+    def _saved_since_step(self) -> bool:
+        """Whether a save (watched, ended well or not) came after the rank's last step."""
+        state = self._state
+        last_step = state.last_step or 0.0
+        return any(at is not None and at >= last_step
+                   for at in (state.checkpoint_last_success, state.checkpoint_last_failure))
+
     def _doing(self) -> str | None:
         # A save first: a script may save with its model still in eval mode.
         where = activity.sample(self._thread_id)
-        if where is not None and where.kind in ("checkpoint", "network"):
+        if where is not None and (where.kind == "checkpoint"
+                                  or (where.kind == "network" and self._saved_since_step())):
             return "checkpointing"
         model = self.model
         if model is not None and not getattr(model, "training", True):
