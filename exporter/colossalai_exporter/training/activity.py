@@ -45,9 +45,11 @@ responding, which is the answer in that case.
 from __future__ import annotations
 
 import os
+import re
 import site
 import sys
 import sysconfig
+from types import FrameType
 from typing import Final
 
 from colossalai_exporter.rankstate.schema import Activity
@@ -63,11 +65,13 @@ _CATEGORIES: Final = (
     # ColossalAI's checkpoint IO with use_safetensors=True; Hugging Face's save_pretrained
     ("/safetensors/", "checkpoint"),
 )
-# Network clients, the standard library's and the common uploaders' (module docstring).
-_NETWORK: Final = ("/socket.py", "/ssl.py", "/http/client.py", "/urllib/request.py",
-                   "/urllib3/", "/requests/", "/httpx/", "/httpcore/", "/botocore/",
-                   "/s3transfer/", "/boto3/", "/s3fs/", "/gcsfs/", "/google/cloud/storage/",
-                   "/azure/storage/", "/huggingface_hub/")
+# Network clients, the standard library's and the common uploaders' (module docstring),
+# one pattern: a frame of a stack that classifies as compute is tested against all of
+# them, and sixteen substring tests a frame doubled the sample's p99 (bench/RESULTS.md).
+_NETWORK: Final = re.compile("|".join(re.escape(marker) for marker in (
+    "/socket.py", "/ssl.py", "/http/client.py", "/urllib/request.py", "/urllib3/",
+    "/requests/", "/httpx/", "/httpcore/", "/botocore/", "/s3transfer/", "/boto3/",
+    "/s3fs/", "/gcsfs/", "/google/cloud/storage/", "/azure/storage/", "/huggingface_hub/")))
 # The monitor's own frames (monitor.step()'s block) say nothing about the rank, nor do
 # contextlib's around them: a phase change publishes from the training thread, inside
 # `with monitor.checkpoint():`, and a save that froze right after (torch.save holding
@@ -85,6 +89,7 @@ _LIBRARY: Final = tuple(sorted({
                  *site.getsitepackages(), site.getusersitepackages())
     if path
     for form in (path, os.path.realpath(path))}))
+_NOT_SCRIPT: Final = ("<", *_LIBRARY)  # "<frozen …>", "<string>": not a file of the script
 # c10d wraps its API in logging decorators; the collective is the wrapped name.
 _WRAPPERS: Final = frozenset({"wrapper", "_fn", "inner"})
 
@@ -101,10 +106,10 @@ def sample(thread_id: int | None) -> Activity | None:
         if _OWN in filename or filename.endswith(_CONTEXTLIB):
             frame = frame.f_back
             continue
-        where = f"{os.path.basename(filename)}:{frame.f_lineno} in {frame.f_code.co_name}"
-        top = top or where
-        if not script and not filename.startswith(("<", *_LIBRARY)):
-            script = where
+        if not top:
+            top = _named(frame)
+        if not script and not filename.startswith(_NOT_SCRIPT):
+            script = _named(frame)
         if not kind:
             path = filename.replace(os.sep, "/")
             for marker, category in _CATEGORIES:
@@ -113,13 +118,19 @@ def sample(thread_id: int | None) -> Activity | None:
                     collective = _collective_name(frame) if kind == "collective" else ""
                     break
             else:
-                network = network or any(marker in path for marker in _NETWORK)
+                network = network or _NETWORK.search(path) is not None
         frame = frame.f_back
     if not top:
         return None
     kind = kind or ("network" if network else "compute")
     named = top if script in ("", top) else f"{script} ({top})"
     return Activity(kind=kind, frame=named, collective=collective)
+
+
+def _named(frame: FrameType) -> str:
+    """``train.py:88 in step``."""
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno} in " \
+           f"{frame.f_code.co_name}"
 
 
 def _collective_name(frame: object) -> str:
