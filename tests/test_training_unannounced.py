@@ -19,7 +19,7 @@ import pytest
 from colossalai_exporter import Budgets, TrainingMonitor
 from colossalai_exporter.rankstate.files import read_snapshot, snapshot_path
 from colossalai_exporter.rankstate.schema import Snapshot
-from colossalai_exporter.training import unannounced
+from colossalai_exporter.training import activity, unannounced
 from conftest import require, wait_until
 
 IDLE = 0.3  # the least idle time that counts, shortened for the test (10 s shipped)
@@ -224,5 +224,29 @@ def test_no_model_no_change(tmp_path: Path, short_idle: None) -> None:
             pass
         publishes(tmp_path, 2 + int(IDLE / 0.05))
         assert on_disk(tmp_path).phase == "training"
+    finally:
+        monitor.close()
+
+
+def test_a_publish_samples_the_training_thread_once_however_long_the_rank_is_idle(
+        tmp_path: Path, short_idle: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check for unannounced work and the snapshot share the publish's one sample
+    (each costs a walk of the training thread's stack)."""
+    monitor = watched(tmp_path, SimpleNamespace(training=True))
+    here = threading.get_ident()
+    calls: list[int | None] = []
+    sample = activity.sample
+
+    def counted(thread_id: int | None) -> Any:
+        if threading.get_ident() == here:  # the publisher thread's own publishes aside
+            calls.append(thread_id)
+        return sample(thread_id)
+
+    try:
+        publishes(tmp_path, 2 + int(IDLE / 0.05))  # idle past the threshold: checked
+        monkeypatch.setattr(activity, "sample", counted)
+        monitor._publisher.publish()  # one publish, from this thread
+        assert calls == [threading.main_thread().ident]
+        assert on_disk(tmp_path).activity is not None
     finally:
         monitor.close()

@@ -92,11 +92,10 @@ def parse_disk(spec: str, mount_point: bool = False) -> WatchedPath:
 
 
 def parse_endpoint(spec: str, where: str = "--rendezvous.target") -> Endpoint:
-    host, sep, port = spec.strip().rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ConfigError(f"{where} {spec!r} must be HOST:PORT with a port 1-65535")
-    return Endpoint(host, int(port))
+    try:
+        return Endpoint.parse(spec)
+    except ValueError:
+        raise ConfigError(f"{where} {spec!r} must be HOST:PORT with a port 1-65535") from None
 
 
 def _positive(value: Any, where: str) -> float:

@@ -58,6 +58,16 @@ class Endpoint:
     def label(self) -> str:
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
 
+    @classmethod
+    def parse(cls, spec: str) -> Endpoint:
+        """``host:port`` or ``[v6]:port`` (a flag, the config file, a snapshot's store);
+        ValueError otherwise."""
+        host, sep, port = spec.strip().rpartition(":")
+        host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"not host:port: {spec!r}")
+        return cls(host, int(port))
+
 
 @dataclass(frozen=True)
 class ConnectResult:
@@ -236,7 +246,7 @@ class RendezvousCollector:
         endpoints = list(self.endpoints)
         for spec in self._discovered() if self._discovered is not None else ():
             try:
-                endpoint = parse_store(spec)
+                endpoint = Endpoint.parse(spec)
             except ValueError:
                 continue
             if endpoint not in endpoints:
@@ -282,15 +292,6 @@ class RendezvousCollector:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
-
-
-def parse_store(spec: str) -> Endpoint:
-    """``host:port`` or ``[v6]:port`` as a snapshot writes it; ValueError otherwise."""
-    host, sep, port = spec.rpartition(":")
-    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"not host:port: {spec!r}")
-    return Endpoint(host, int(port))
 
 
 def from_config(config: NodeConfig, built: Built) -> RendezvousCollector:

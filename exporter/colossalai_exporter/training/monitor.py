@@ -17,6 +17,7 @@ the ColossalAI hooks (colossal.py).
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import os
 import sys
@@ -26,11 +27,17 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Final
 
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.rankstate import files as snapfiles
-from colossalai_exporter.rankstate.schema import WAITING, Device, Interruption, Snapshot
+from colossalai_exporter.rankstate.schema import (
+    WAITING,
+    Activity,
+    Device,
+    Interruption,
+    Snapshot,
+)
 from colossalai_exporter.training import activity, flight_recorder
 from colossalai_exporter.training import fatal as _fatal_hook
 from colossalai_exporter.training.device_loss import DeviceLossReader
@@ -49,6 +56,14 @@ from colossalai_exporter.training.unannounced import UnannouncedWork
 log = logging.getLogger("colossalai_exporter.training")
 
 _wall = time.time
+
+
+class _Unsampled(enum.Enum):
+    """snapshot()'s caller has not sampled the training thread (a scrape's thread)."""
+    TOKEN = 0
+
+
+_UNSAMPLED: Final = _Unsampled.TOKEN
 
 
 def _process_start(pid: int) -> float | None:
@@ -173,7 +188,7 @@ class TrainingMonitor:
                               record_exception=self._record_exception, error=self._error,
                               checkpoint_done=self._heartbeats.checkpoint_done)
         self._unannounced = UnannouncedWork(self._state, self._steps, self._phases,
-                                            self.budgets, self._training_thread)
+                                            self.budgets)
         self._info_defaults()
         if start:
             self.start()
@@ -480,7 +495,9 @@ class TrainingMonitor:
             info["colossalai_version"] = getattr(colossalai, "__version__", "")
         self.set_info(**info)
 
-    def _refresh(self) -> None:
+    def _refresh(self, where: Activity | None) -> None:
+        """The state's polled parts, before a publish; ``where``: the publish's one sample
+        of the training thread."""
         state = self._state
         ref = self._steps.loss_ref
         if ref is not None and ref is not self._last_loss_ref:
@@ -502,19 +519,23 @@ class TrainingMonitor:
             except Exception as exc:
                 self._error("hook", exc)
         try:
-            self._unannounced.check()
+            self._unannounced.check(where)
         except Exception as exc:  # a model whose `training` raises: leave the phase be
             self._error("hook", exc)
 
-    def _sample_activity(self, snap: Snapshot) -> None:
+    def _where(self) -> Activity | None:
         # From the publisher (or a scrape's) thread; a few microseconds, nothing on the
         # training thread. Where a stalled rank is names the rank a hang waits for.
-        snap.publish_interval = self.settings.publish_interval
-        snap.rendezvous = self.settings.rendezvous
         try:
-            snap.activity = activity.sample(self._training_thread)
+            return activity.sample(self._training_thread)
         except Exception as exc:
             self._error("stacks", exc)
+            return None
+
+    def _sample_activity(self, snap: Snapshot, where: Activity | None) -> None:
+        snap.publish_interval = self.settings.publish_interval
+        snap.rendezvous = self.settings.rendezvous
+        snap.activity = where
         try:
             # The oldest collective in flight, and since when: the agent tells a rank that
             # NCCL's watchdog ended (past its group's timeout) from one killed. Every
@@ -551,13 +572,14 @@ class TrainingMonitor:
         """The stall evidence written so far (stacks, flight recorder dumps)."""
         return self._evidence.files
 
-    def snapshot(self) -> Snapshot:
+    def snapshot(self, where: Activity | _Unsampled | None = _UNSAMPLED) -> Snapshot:
         """The rank's current state, as snapshot files and /metrics carry it: the one way
-        both are built (a scrape of rank 0's server and the publisher alike)."""
+        both are built (a scrape of rank 0's server and the publisher alike). ``where``:
+        the training thread's place when the caller has sampled it already."""
         snap = self._state.snapshot(self.budgets)
         if snap.phase == "training":
             self._steps.cap = snap.timeout
-        self._sample_activity(snap)
+        self._sample_activity(snap, self._where() if isinstance(where, _Unsampled) else where)
         # A stall is counted when first seen, by whichever looks first (the publisher
         # records it in the state when it writes the evidence, below).
         if snap.stalled and not self._was_stalled:
@@ -568,8 +590,11 @@ class TrainingMonitor:
         """One publish (training/publisher.py says when): the snapshot into the run
         directory, and the stall evidence the first time a stall is seen."""
         try:
-            self._refresh()
-            snap = self.snapshot()
+            # One sample of the training thread a publish, for the unannounced work's
+            # check and for the snapshot alike.
+            where = self._where()
+            self._refresh(where)
+            snap = self.snapshot(where)
             if periodic:
                 self._count_activity(snap)
             if snap.stalled and not self._was_stalled:

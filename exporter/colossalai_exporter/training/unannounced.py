@@ -30,8 +30,8 @@ most half the step budget (before the rank would count as stalled): a script tha
 its model in eval mode while it trains (dropout off), or saves a little every step,
 steps far more often than that, and never leaves training (each return to training is
 a publish on the training thread, which a step must not pay). The check runs on the
-publisher's thread, once a publish: one attribute read, and a stack sample (a few
-microseconds) only once the rank has been idle that long.
+publisher's thread, once a publish: one attribute read, and the stack sample (a few
+microseconds, the one the publish takes for its snapshot).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from colossalai_exporter.training import activity
+from colossalai_exporter.rankstate.schema import Activity
 from colossalai_exporter.training.phases import Phases
 from colossalai_exporter.training.state import Budgets, RankState
 from colossalai_exporter.training.steps import StepCounter
@@ -50,17 +50,16 @@ MIN_IDLE_SECONDS = 10.0
 
 class UnannouncedWork:
     def __init__(self, state: RankState, steps: StepCounter, phases: Phases,
-                 budgets: Budgets, thread_id: int | None) -> None:
+                 budgets: Budgets) -> None:
         self._state = state
         self._budgets = budgets
         self._steps = steps
         self._phases = phases
-        self._thread_id = thread_id
         self.model: Any = None  # the watched model, once known
 
-    def check(self) -> None:
+    def check(self, where: Activity | None) -> None:
         """Enter phase checkpointing or evaluating for work the monitor was not told of
-        (module docstring)."""
+        (module docstring); ``where``: the training thread's place, sampled this publish."""
         state = self._state
         if state.phase != "training" or state.last_step is None or self._steps.in_step():
             return
@@ -69,7 +68,7 @@ class UnannouncedWork:
         idle = min(max(MIN_IDLE_SECONDS, 2 * (longest or 0.0)), budget / 2)
         if time.time() - state.last_step < idle:
             return
-        phase = self._doing()
+        phase = self._doing(where)
         if phase is not None:
             self._phases.enter_unannounced(phase, since=state.last_step, only_from="training")
 
@@ -80,9 +79,8 @@ class UnannouncedWork:
         return any(at is not None and at >= last_step
                    for at in (state.checkpoint_last_success, state.checkpoint_last_failure))
 
-    def _doing(self) -> str | None:
+    def _doing(self, where: Activity | None) -> str | None:
         # A save first: a script may save with its model still in eval mode.
-        where = activity.sample(self._thread_id)
         if where is not None and (where.kind == "checkpoint"
                                   or (where.kind == "network" and self._saved_since_step())):
             return "checkpointing"
