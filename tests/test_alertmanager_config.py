@@ -201,6 +201,16 @@ def test_no_two_alerts_can_mute_each_other() -> None:
     assert not [(a, b) for a, targets in edges.items() for b in targets if reaches(b, a)]
 
 
+def test_an_unreachable_store_mutes_its_runs_missing_ranks() -> None:
+    """The master node never came up: its ranks never reported, and the others wait for
+    its store. The store's page names the node; the count of ranks says less."""
+    assert {
+        "source_matchers": ['alertname="NCCLRendezvousDown"'],
+        "target_matchers": ['alertname="TrainingRanksMissing"'],
+        "equal": ["run"]} in _config()["inhibit_rules"]
+    assert {"NCCLRendezvousDown", "TrainingRanksMissing"} <= alert_names()
+
+
 def test_an_xid_mutes_the_ecc_counters_page_of_its_gpu() -> None:
     from colossalai_exporter.rulesgen.gpu import ECC_ALERT
 
@@ -325,6 +335,22 @@ def test_slack_title_says_how_many_ranks_of_a_run_that_cannot_start_reported(
                        "reported": "8", "severity": "critical"}
     assert _render(tmp_path, _data([alert]), "title") == (
         "🔴 FIRING: TrainingRanksMissing — run 4242 — only 8 of 16 ranks reported")
+
+
+def test_slack_title_names_an_unreachable_store_and_the_node_that_cannot_reach_it(
+        tmp_path: Path) -> None:
+    alert = _alert("0")
+    alert["labels"] = {"alertname": "NCCLRendezvousDown", "job": "colossalai-node",
+                       "instance": "node-2:9466", "target": "node-1:29500", "run": "4242",
+                       "severity": "critical"}
+    assert _render(tmp_path, _data([alert]), "title") == (
+        "🔴 FIRING: NCCLRendezvousDown — job colossalai-node — run 4242 — "
+        "store node-1:29500 unreachable from node-2:9466")
+    other = _alert("0")
+    other["labels"] = {**alert["labels"], "instance": "node-3:9466"}
+    assert _render(tmp_path, _data([alert, other]), "title") == (
+        "🔴 FIRING: NCCLRendezvousDown — job colossalai-node — run 4242 — "
+        "store node-1:29500 unreachable (2 firing)")
 
 
 def test_slack_title_names_a_fabric_port_and_its_node(tmp_path: Path) -> None:

@@ -139,7 +139,8 @@ class Job:
 def start_job(tmp: Path, fault: str, rank: int, checkpoint_dir: Path, master_port: int,
               rank0_port: int, checkpoint_every: int, ranks: int = 2,
               restarts: int = 0, topology: str = "booster", nodes: int = 1,
-              node_rank: int = 0, name: str = "", serve: str = "rank0") -> Job:
+              node_rank: int = 0, name: str = "", serve: str = "rank0",
+              dead_master_port: int = 0) -> Job:
     """``ranks`` per node; with ``nodes`` > 1 this is node ``node_rank``'s launcher, with a
     run directory of its own (each node's agent reads only its own). ``name``: another
     job's launcher on the first node (its own log, the node's run directory)."""
@@ -151,7 +152,7 @@ def start_job(tmp: Path, fault: str, rank: int, checkpoint_dir: Path, master_por
                   COLOSSALAI_EXPORTER_RUN_DIR=str(run_dir),
                   COLOSSALAI_EXPORTER_PORT=str(rank0_port), COLOSSALAI_EXPORTER_SERVE=serve,
                   OMP_NUM_THREADS="1",
-                  PYTHONUNBUFFERED="1")
+                  PYTHONUNBUFFERED="1", DEAD_MASTER_PORT=str(dead_master_port))
     argv = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
             "--max-restarts", str(restarts), "--nnodes", str(nodes),
             "--node_rank", str(node_rank),
@@ -189,6 +190,9 @@ class Stack:
     gpus: Scenario | None = None
     #: the Prometheus binary, for restart_prometheus
     prometheus_binary: str | None = None
+    #: the master's rendezvous address where the master node never came up: a port
+    #: bound and not listening, so that a connect is refused as by a host with no store
+    dead_master: str = ""
 
     @property
     def job(self) -> Job:
@@ -308,6 +312,8 @@ def running_stack(tmp: Path, receiver: FakeVigilmon, fault: str, rank: int,
     rank0_port = consecutive_free_ports(ranks if serve == "local" else 1)
     servers = [f"127.0.0.1:{rank0_port + i}" for i in range(ranks if serve == "local" else 1)]
     with contextlib.ExitStack() as stop:
+        dead_master = stop.enter_context(bound_port()) if fault == "master_never_starts" \
+            else 0
         alertmanager = stop.enter_context(running_alertmanager(
             alertmanager_config(tmp, receiver.url), tmp, alertmanager_binary))
         agents: list[ServerProcess] = []
@@ -331,15 +337,25 @@ def running_stack(tmp: Path, receiver: FakeVigilmon, fault: str, rank: int,
                                    [f"127.0.0.1:{a.port}" for a in agents])
         stack = Stack(tmp, run_prometheus(config, tmp, free_port(), prometheus_binary),
                       alertmanager, receiver, [], agents, f"http://127.0.0.1:{rank0_port}",
-                      ranks * nodes, config, gpus=scenario, prometheus_binary=prometheus_binary)
+                      ranks * nodes, config, gpus=scenario, prometheus_binary=prometheus_binary,
+                      dead_master=f"127.0.0.1:{dead_master}" if dead_master else "")
         stop.callback(lambda: stop_process(stack.prometheus.proc, timeout=15))
         for node in range(nodes):
             job = start_job(tmp, fault, rank, checkpoint_dir, master_port, rank0_port,
                             checkpoint_every, ranks, restarts, topology, nodes, node,
-                            serve=serve)
+                            serve=serve, dead_master_port=dead_master)
             stack.jobs.append(job)
             stop.callback(job.stop)
         yield stack
+
+
+@contextlib.contextmanager
+def bound_port() -> Iterator[int]:
+    """A loopback port bound and not listening while the block runs: a connect to it is
+    refused (RST) as to a host whose store never started, and nothing else can take it."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
 
 
 def consecutive_free_ports(count: int) -> int:

@@ -412,6 +412,16 @@ CASES = [
          {"reported": "2", "world_size": "4"},
          ("has not started: only 2 of its 4 ranks have reported",
           "Ranks reported by node: 127.0.0.1:"), trigger="start", release="current"),
+    Case("master-never-starts", "ranks 0 and 1 of 4 and the rendezvous store never start "
+         "(the master node did not come up, under a launcher that starts each rank "
+         "itself): ranks 2 and 3 cannot reach the store, and wait for it in "
+         "init_process_group beyond the 30 s start-up budget",
+         "master_never_starts", 2, ("NCCLRendezvousDown",),
+         {"target": "<the dead master>"},
+         ("cannot reach the rendezvous endpoint 127.0.0.1:", "(refused) while training "
+          "ranks run there"),
+         # the store's page names the master node; how many ranks reported says less
+         muted=("TrainingRanksMissing",), trigger="start"),
 ]
 
 
@@ -536,7 +546,8 @@ def started_failing(stack: Stack, case: Case) -> float:
     """When a start-up fault happened, as the failing rank recorded it."""
     rank = max(case.rank, 0)
     snap = stack.job.snapshot(rank)
-    if case.fault in ("kernel_build_slow", "slow_start", "ranks_never_start"):
+    if case.fault in ("kernel_build_slow", "slow_start", "ranks_never_start",
+                      "master_never_starts"):
         return snap.phase_start  # entering the phase it is stuck in
     wait_until(lambda: stack.job.snapshot(rank).last_error, timeout=60,
                what=f"rank {rank}'s error recorded (log: {stack.job.log})")
@@ -750,6 +761,8 @@ def culprit_labels(stack: Stack, case: Case) -> dict[str, str]:
     for node, agent in enumerate(stack.agents):
         if labels.get("instance") == f"<node {node}'s agent>":
             labels["instance"] = f"127.0.0.1:{agent.port}"
+    if labels.get("target") == "<the dead master>":
+        labels["target"] = stack.dead_master
     return labels
 
 
@@ -786,6 +799,8 @@ def check_the_page(stack: Stack, case: Case) -> tuple[float, str]:
     if "world_size" in labels:  # a run that cannot start: how many of its ranks reported
         assert f"only {labels['reported']} of {labels['world_size']} ranks reported" in title, \
             title
+    if "target" in labels:  # an unreachable rendezvous: the store's address
+        assert f" — store {labels['target']} unreachable" in title, title
     if "remedy" in labels:  # a hardware page says what the node needs
         assert f" — {REMEDIES[labels['remedy']]}" in title, title
     bullet = next(line for line in text.splitlines() if line.startswith("• "))

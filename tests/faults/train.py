@@ -16,7 +16,9 @@ Two start-up failures happen before the process group exists: ``slow_start``, th
 faulty rank blocked before ``launch_from_torch`` (the others wait for it in
 ``init_process_group``), and ``ranks_never_start``, a world twice torchrun's, as a
 launcher that starts each rank itself gives it when half its ranks' nodes never come
-up (the ranks that did start wait in ``init_process_group`` for the rest).
+up (the ranks that did start wait in ``init_process_group`` for the rest), and
+``master_never_starts``, the same where the node that did not come up is the master's:
+ranks 0 and 1 and the rendezvous store are missing, and ranks 2 and 3 cannot reach it.
 
 ``TOPOLOGY`` shapes the job: ``booster`` (the default: ColossalAI's Booster with
 TorchDDPPlugin, gradients all-reduced in backward), ``pairs`` (four ranks, plain
@@ -175,7 +177,10 @@ RANK0_SAVE_SECONDS = 12.0  # beyond the step budget (5 s) twice over
 EVALUATION_BUDGET = {"eval_hangs": 5.0}.get(FAULT, 3600.0)
 # The start-up budget: a real one's (model set-up, the rendezvous), except where the
 # start-up itself is the failure.
-STARTUP_BUDGET = {"slow_start": 5.0, "ranks_never_start": 5.0}.get(FAULT, 120.0)
+# Where the master node is missing, a budget longer than the rendezvous alert's `for`
+# (10 s here, 1 m shipped, where the budget is minutes): the store's page comes first.
+STARTUP_BUDGET = {"slow_start": 5.0, "ranks_never_start": 5.0,
+                  "master_never_starts": 30.0}.get(FAULT, 120.0)
 
 
 def main() -> int:
@@ -184,6 +189,14 @@ def main() -> int:
         # mpirun) gives each rank: the other half's node never came up, so this half
         # waits for it in init_process_group.
         os.environ["WORLD_SIZE"] = str(2 * int(os.environ["WORLD_SIZE"]))
+    if FAULT == "master_never_starts":
+        # The same, with the other half the master node's: ranks 0 and 1, and the
+        # rendezvous store that rank 0's launcher hosts, never came up. This half is
+        # the world's second, and its store's port refuses every connect.
+        world = int(os.environ["WORLD_SIZE"])
+        os.environ["WORLD_SIZE"] = str(2 * world)
+        os.environ["RANK"] = str(int(os.environ["RANK"]) + world)
+        os.environ["MASTER_PORT"] = os.environ["DEAD_MASTER_PORT"]
     # First, as docs/training.md shows: a start that dies in the rendezvous is seen too.
     monitor = TrainingMonitor(
         budgets=Budgets(step=STEP_BUDGET, checkpoint=CHECKPOINT_BUDGET, kernels=5.0,

@@ -13,7 +13,16 @@ from colossalai_exporter.rulesgen.config import Duration, RulesConfig, Threshold
 from colossalai_exporter.rulesgen.fabric import Ports, fabric
 from colossalai_exporter.rulesgen.gpu import gpu_health, gpu_xids
 from colossalai_exporter.rulesgen.model import Alert, Group, Recording, RuleFile
-from colossalai_exporter.rulesgen.promql import Selector, expr, fill, number, query, si_bytes
+from colossalai_exporter.rulesgen.promql import (
+    Selector,
+    expr,
+    fill,
+    first_sample,
+    number,
+    query,
+    si_bytes,
+)
+from colossalai_exporter.rulesgen.training_stalls import REPORTED_RANKS
 from colossalai_exporter.rulesgen.verdict import verdict_group
 
 # Recording rules the dashboards use.
@@ -136,8 +145,15 @@ def rendezvous_down(node_agents: Selector) -> Alert:
 
     The run label comes from the ranks live on the node, so a rendezvous that closes
     because its run died (rank 0 hosted the store) pages only if a rank still lives, and
-    a cause alert of that run mutes it.
+    a cause alert of that run mutes it. When fewer of the run's ranks have reported than
+    its world size, the description says so: the endpoint's node, the master's, never
+    came up with its ranks, and this page mutes TrainingRanksMissing, which says less.
     """
+    short = first_sample(
+        f"{REPORTED_RANKS}{{run=%q}}", "$labels.run",
+        '{{ if ne .Labels.world_size (printf "%.0f" .Value) }} Only {{ .Value | printf "%.0f" '
+        '}} of the run\'s {{ .Labels.world_size }} ranks have reported: the endpoint\'s node '
+        "may never have come up, with the ranks that run there.{{ end }}")
     return Alert(
         "NCCLRendezvousDown",
         expr(f"""
@@ -155,7 +171,7 @@ def rendezvous_down(node_agents: Selector) -> Alert:
         fill("[[$instance]] cannot reach the rendezvous endpoint [[$target]] ([[reason]]) "
              "while training ranks run there.",
              reason=query("colossalai_nccl_failure_info", ("job", "instance", "target"),
-                          'label "reason"')),
+                          'label "reason"')) + short,
         nodes_dashboard())
 
 
