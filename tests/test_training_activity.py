@@ -135,6 +135,50 @@ def test_backward_data_compute_and_saves_are_told_apart(tmp_path: Path) -> None:
         assert where.kind == kind, where
 
 
+def test_a_compile_is_compile_and_a_compiled_call_is_not() -> None:
+    """torch.compile compiling (a backend as slow as inductor on a large graph, called by
+    dynamo's convert_frame) is ``compile``; the compiled code running, through dynamo's
+    eval_frame and the backend's callable, is what that code does (here ``compute``)."""
+    require(importlib.util.find_spec("torch") is not None, "torch (scripts/install-dev.sh)")
+    import torch
+
+    stop = threading.Event()
+    blocking = [True]
+
+    def wait_for_the_watcher() -> None:
+        deadline = time.monotonic() + 30
+        while blocking[0] and not stop.is_set() and time.monotonic() < deadline:
+            time.sleep(0.005)
+
+    def slow_backend(gm: Any, example_inputs: Any) -> Any:
+        wait_for_the_watcher()
+        return gm.forward
+
+    def blocking_backend(gm: Any, example_inputs: Any) -> Any:
+        def run_compiled(*args: Any) -> Any:
+            wait_for_the_watcher()
+            return gm.forward(*args)
+        return run_compiled
+
+    model = torch.nn.Linear(8, 8)
+    x = torch.randn(4, 8)
+    torch._dynamo.reset()
+    try:
+        where = _sample_until(lambda: torch.compile(model, backend=slow_backend)(x),
+                              "in wait_for_the_watcher", stop)
+        assert where.kind == "compile", where
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend=blocking_backend)
+        blocking[0] = False
+        compiled(x)  # compiled, and run once
+        blocking[0] = True
+        stop.clear()
+        where = _sample_until(lambda: compiled(x), "in wait_for_the_watcher", stop)
+        assert where.kind == "compute", where
+    finally:
+        torch._dynamo.reset()
+
+
 def _sample_until(work: Callable[[], None], frame: str, stop: threading.Event) -> Activity:
     """Run ``work`` on the main thread until another thread samples it in ``frame``."""
     main = threading.main_thread().ident

@@ -117,6 +117,41 @@ def test_a_save_outside_a_step_is_phase_checkpointing_until_the_next_step(
         monitor.close()
 
 
+def test_a_recompile_within_a_step_is_phase_compiling_until_the_next_step(
+        tmp_path: Path, short_idle: None) -> None:
+    """torch.compile recompiling in a step (new shapes: a guard failed): a backend as slow
+    as inductor on a large graph, which waits until the snapshot says compiling. Its
+    budget is the compile budget, from the rank's last step; the next step trains."""
+    require(importlib.util.find_spec("torch") is not None, "torch (scripts/install-dev.sh)")
+    import torch
+
+    monitor = TrainingMonitor(serve="none", run_dir=tmp_path, publish_interval=0.05,
+                              record_signals=False,
+                              budgets=Budgets(step=60.0, compile=900.0))
+    seen: list[Snapshot] = []
+
+    def slow_backend(gm: Any, example_inputs: Any) -> Any:
+        if not seen:
+            wait_until(lambda: on_disk(tmp_path).phase == "compiling", timeout=30,
+                       interval=0.02, what="phase compiling during the compile")
+            seen.append(on_disk(tmp_path))
+        return gm.forward
+
+    torch._dynamo.reset()
+    try:
+        for _ in range(3):
+            with monitor.step():
+                pass
+        with monitor.step():
+            torch.compile(torch.nn.Linear(8, 8), backend=slow_backend)(torch.randn(4, 8))
+        since_last_step_with_budget(seen[0], 900.0)  # the compile budget
+        assert seen[0].steps == 3  # the step that compiled is still in flight
+        back_to_training_at_the_next_step(monitor, tmp_path)
+    finally:
+        monitor.close()
+        torch._dynamo.reset()
+
+
 def upload_while(tmp_path: Path, until: Any) -> Snapshot:
     """An HTTP PUT on the training thread to a store on loopback that reads nothing until
     ``until(snapshot)`` holds (or 30 s), then all of it; the snapshot it saw."""

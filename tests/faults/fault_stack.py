@@ -62,6 +62,7 @@ for:
   TrainingStartupStuck: 2s
   TrainingRanksMissing: 2s
   CheckpointStuck: 2s
+  CompileStuck: 2s
   EvaluationStuck: 2s
   TrainingRankDown: 10s
   TrainingNodeLost: 10s

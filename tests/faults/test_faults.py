@@ -355,6 +355,18 @@ CASES = [
          {"rank": "0", "phase": "checkpointing"},
          ("has been in phase checkpointing for", "It is in network at ",
           "while 1 other rank(s) wait in"), release="current"),
+    Case("recompile", "rank 1's model, under torch.compile, gets the epoch's short last "
+         "batch (a new shape) and compiles again for 12 s (inductor on a large model's "
+         "graph; beyond the 5 s step budget, within the 30 m compile budget) while rank 0 "
+         "waits for it in backward's all-reduce", "recompile", 1, (), quiet=25.0,
+         release="current"),
+    Case("recompile-hangs", "rank 1's recompile never ends (a lock in a shared inductor "
+         "cache that nobody releases, the GIL released) while rank 0 waits for it in "
+         "backward's all-reduce", "recompile_hangs", 1, ("CompileStuck",),
+         {"rank": "1", "phase": "compiling"},
+         ("has been in phase compiling for", "a torch.compile recompile that does not "
+          "finish", "It is in compile at train.py:", "in compile_backend (threading.py:",
+          "while 1 other rank(s) wait in backward"), muted=("TrainingStalled",)),
     Case("rank0-save-every-rank-serves", "the tutorial's save of 12 s on rank 0 alone, as "
          "above, in a run where every rank serves /metrics (serve=\"local\"): rank 1's own "
          "server reports it stalled while it waits", "rank0_save", 0, (), quiet=25.0,

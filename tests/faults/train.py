@@ -83,6 +83,11 @@ SHORT_TIMEOUTS = ("hang_then_short_timeout", "hang_then_short_watchdog")
 PG_TIMEOUT = 15.0 if FAULT in SHORT_TIMEOUTS else 30.0
 WATCHDOGS = ("hang_then_watchdog", "hang_then_short_watchdog")
 HANGS = ("frozen_compute", "hang_then_timeout", "hang_then_short_timeout", *WATCHDOGS)
+# The model under torch.compile; once armed, the faulty rank's next batch is the epoch's
+# short last one (a new shape), which dynamo compiles again: 12 s (recompile, a large
+# model's compile with inductor), or for ever (recompile_hangs).
+COMPILES = ("recompile", "recompile_hangs")
+RECOMPILE_SECONDS = 12.0
 CHECKPOINT_EVERY = int(os.environ.get("CHECKPOINT_EVERY", "50"))
 
 # torch.OutOfMemoryError's text as a Gemini run on an H200 raised it (FACTS.md).
@@ -93,6 +98,20 @@ GEMINI_LAYOUT = "Adjust layout failed! No enough CUDA memory! Need 2147483648, 1
 
 armed = threading.Event()
 signal.signal(signal.SIGUSR1, lambda signum, frame: armed.set())
+slow_compile = threading.Event()  # the faulty rank's next compile is the slow one
+
+
+def compile_backend(gm: Any, example_inputs: Any) -> Any:
+    """torch.compile's backend in the compile faults: dynamo's graph, run as it is (no
+    C++ compiler needed), called by dynamo's compiler as inductor is. The slow compile
+    takes as long as inductor on a large model's graph, or waits for ever, as a compile
+    behind a stale lock in a shared inductor cache does (the GIL released)."""
+    if slow_compile.is_set():
+        slow_compile.clear()
+        if FAULT == "recompile_hangs":
+            threading.Event().wait()
+        time.sleep(RECOMPILE_SECONDS)
+    return gm.forward
 
 
 def planned_step() -> int | None:
@@ -172,6 +191,8 @@ STEP_BUDGET = 40.0 if FAULT in SHORT_TIMEOUTS else {"lifecycle": 20.0}.get(FAULT
 # The checkpoint budget: 5 s, so that a stuck save pages soon; the rank-0 saves' is a
 # real one's, far above the step budget, as a large model's save takes minutes.
 CHECKPOINT_BUDGET = {"rank0_save": 60.0, "unwrapped_save": 60.0, "upload": 60.0}.get(FAULT, 5.0)
+# The compile budget: a real one's (30 m), except where the recompile hangs.
+COMPILE_BUDGET = {"recompile_hangs": 5.0}.get(FAULT, 1800.0)
 RANK0_SAVE_SECONDS = 12.0  # beyond the step budget (5 s) twice over
 # The evaluation budget: a real one's (an hour), except where the evaluation hangs.
 EVALUATION_BUDGET = {"eval_hangs": 5.0}.get(FAULT, 3600.0)
@@ -200,7 +221,8 @@ def main() -> int:
     # First, as docs/training.md shows: a start that dies in the rendezvous is seen too.
     monitor = TrainingMonitor(
         budgets=Budgets(step=STEP_BUDGET, checkpoint=CHECKPOINT_BUDGET, kernels=5.0,
-                        startup=STARTUP_BUDGET, evaluation=EVALUATION_BUDGET),
+                        startup=STARTUP_BUDGET, evaluation=EVALUATION_BUDGET,
+                        compile=COMPILE_BUDGET),
         publish_interval=0.5)
     if FAULT == "resume_fails" and monitor.rank == FAULT_RANK:
         # Every start reads the data shard the last run got to, which is gone: the
@@ -233,6 +255,8 @@ def main() -> int:
     if FAULT == "kernel_build_slow" and mine:
         slow_kernel_loader()
     criterion: Any = torch.nn.MSELoss()
+    if FAULT in COMPILES:
+        model = torch.compile(model, backend=compile_backend)
     if TOPOLOGY == "booster":
         booster = Booster(plugin=TorchDDPPlugin())
         model, optimizer, criterion, _, _ = monitor.boost(booster, model, optimizer, criterion)
@@ -288,6 +312,10 @@ def main() -> int:
             if rank == 0:
                 after_training(model)
             return 0
+        if armed.is_set() and FAULT in COMPILES and mine:
+            armed.clear()
+            slow_compile.set()
+            x = x[:15]  # the epoch's short last batch: a new shape, compiled again
         fault_now = (armed.is_set() and mine) or hang_after_checkpoint.is_set()
         try:
             with monitor.step(samples=16) as current:

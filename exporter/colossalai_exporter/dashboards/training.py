@@ -28,7 +28,7 @@ from colossalai_exporter.rulesgen.promql import Selector, histogram_quantile
 UID = "colossalai-training"
 
 _PHASE_COLORS = {"init": "blue", "kernels": "purple", "training": "green",
-                 "checkpointing": "yellow", "evaluating": "light-green",
+                 "checkpointing": "yellow", "evaluating": "light-green", "compiling": "orange",
                  "finished": "text", "failed": "red"}
 
 R = Selector('job=~"$job", rank=~"$rank"')
@@ -122,7 +122,7 @@ def progress_row(config: RulesConfig) -> Row:
     return Row("Progress", (
         state_timeline("Phase per rank",
                        "The phase each rank is in: init, kernels (JIT build), training, "
-                       "checkpointing, evaluating, finished, failed.",
+                       "checkpointing, evaluating, compiling, finished, failed.",
                        Query(phase_code(), "rank {{rank}}"), w=24, h=7,
                        mappings=phase_mappings()),
         timeseries("Steps per second per rank",

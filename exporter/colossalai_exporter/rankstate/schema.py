@@ -16,26 +16,29 @@ import msgspec
 # added since have defaults) and refuses a newer one: a training image newer than
 # the node agent costs that rank its outside view (counted, reason "version"), not
 # a misreading.
-SNAPSHOT_VERSION: Final = 2
-Phase = Literal["init", "kernels", "training", "checkpointing", "evaluating", "finished",
-                "failed"]
+SNAPSHOT_VERSION: Final = 3  # 3: phase "compiling", activity "compile"
+Phase = Literal["init", "kernels", "training", "checkpointing", "evaluating", "compiling",
+                "finished", "failed"]
 #: every phase, in the order a run goes through them (rules and dashboards take them from here)
 PHASES: Final[tuple[Phase, ...]] = get_args(Phase)
 #: why a snapshot file could not be used (colossalai_rank_snapshot_errors_total{reason})
 ERROR_REASONS: Final = ("malformed", "invalid", "version", "unreadable")
 
 
-ACTIVE_PHASES: Final = frozenset({"init", "kernels", "training", "checkpointing", "evaluating"})
+ACTIVE_PHASES: Final = frozenset({"init", "kernels", "training", "checkpointing", "evaluating",
+                                   "compiling"})
 # The tutorial's /health contract: 200 in these phases (when not stalled and kernels are
 # ready). "evaluating" is ours: the tutorial had no evaluation phase, and a periodic
 # evaluation is part of a healthy run, not an outage for an uptime monitor to page on.
-HEALTHY_PHASES: Final = frozenset({"training", "checkpointing", "evaluating"})
+# "compiling" likewise: torch.compile recompiling a graph within a step (new shapes).
+HEALTHY_PHASES: Final = frozenset({"training", "checkpointing", "evaluating", "compiling"})
 HEARTBEAT_RESULTS: Final = ("success", "failure", "dropped")
 
 Device = Literal["cuda", "cpu", "nvme"]
 DEVICES: tuple[Device, ...] = ("cuda", "cpu", "nvme")
 
-ACTIVITIES: Final = ("compute", "backward", "collective", "data", "checkpoint", "network")
+ACTIVITIES: Final = ("compute", "backward", "collective", "data", "checkpoint", "network",
+                     "compile")
 #: activities of a rank that waits for others, when the run is stalled
 WAITING: Final = ("collective", "backward")
 

@@ -57,7 +57,8 @@ __all__ = [
 # rank-down it explains, and itself follows from a named cause (a checkpoint stuck in
 # torch.save leaves that rank outside any collective while the others wait).
 SPECIFIC_CAUSE_ALERTS = ("GeminiOutOfMemory", "KernelBuildFailed", "CheckpointFailing",
-                         "CheckpointStuck", "TrainingRankOOMKilled", "TrainingNodeLost",
+                         "CheckpointStuck", "CompileStuck", "TrainingRankOOMKilled",
+                         "TrainingNodeLost",
                          "GPUXidCritical", "GPURecoveryActionRequired", "GPURowRemapFailure",
                          "GPUNVLinkDown", "GPUEccUncorrectable", "InfiniBandPortDown",
                          "InfiniBandPortsMissing")

@@ -1,5 +1,5 @@
 """Stalls: TrainingStalled, TrainingStartupStuck, TrainingRanksMissing, CheckpointStuck,
-EvaluationStuck.
+CompileStuck, EvaluationStuck.
 
 A rank that stays in one phase beyond that phase's budget. In every phase
 ``colossalai_training_step_timeout_seconds`` is the budget of that phase
@@ -63,9 +63,10 @@ def _budget() -> str:
 
 # The phases with a budget of their own that one rank can be in while the others wait
 # for it in training: a save or an evaluation on one rank only (the tutorial saves from
-# rank 0 alone), a kernel loaded on first use. Not finished or failed: a rank that ended
-# while others wait for it is the incident (TrainingHangSuspect, TrainingRankDown).
-BUSY = phase_is("init", "kernels", "checkpointing", "evaluating")
+# rank 0 alone), a kernel loaded on first use, a recompile of one rank's graph (its
+# shapes changed). Not finished or failed: a rank that ended while others wait for it is
+# the incident (TrainingHangSuspect, TrainingRankDown).
+BUSY = phase_is("init", "kernels", "checkpointing", "evaluating", "compiling")
 
 
 def stalled(rank_servers: Selector, node_agents: Selector) -> Alert:
@@ -281,6 +282,20 @@ def startup_stuck(rank_servers: Selector, node_agents: Selector) -> Alert:
         "A training rank is stuck in start-up (init or kernel build) beyond its budget.",
         stuck, rank_servers, node_agents, unless=waits_for_others(rank_servers, node_agents),
         unless_runs=UNSTARTED_RUNS)
+
+
+def compile_stuck(rank_servers: Selector, node_agents: Selector) -> Alert:
+    """CompileStuck: a torch.compile recompile beyond the compile budget (a cause alert:
+    the ranks that wait for it in a collective stall because of it), not for a rank
+    that has compiled and waits in a collective for another rank of its run that is
+    stuck, down or busy within its own budget (waits_for_others, as the other stuck
+    phases). Without the phase, a recompile longer than a step's budget paged a healthy
+    run as stalled (training/unannounced.py)."""
+    return phase_over_budget(
+        "CompileStuck", ("compiling",), "A torch.compile recompile has run longer than its "
+        "budget.",
+        over_budget_text("a torch.compile recompile that does not finish"),
+        rank_servers, node_agents, unless=waits_for_others(rank_servers, node_agents))
 
 
 def evaluation_stuck(rank_servers: Selector, node_agents: Selector) -> Alert:

@@ -47,8 +47,10 @@ class Budgets:
     ``step`` is learned unless fixed: ``step_factor`` × the longest of the last
     128 step durations, never below ``step_floor`` (nvidia-resiliency-ext learns
     about 5 × the longest interval). Until a step has completed the ``startup``
-    budget applies (model load, the first step's warm-up); a kernel load or JIT
-    build (phase ``kernels``) has its own, ``kernels``.
+    budget applies (model load, the first step's warm-up, torch.compile's first
+    compile); a kernel load or JIT build (phase ``kernels``) has its own, ``kernels``,
+    and so does a torch.compile recompile later in the run (phase ``compiling``,
+    training/unannounced.py), ``compile``.
     """
 
     step: float | None = None
@@ -61,6 +63,11 @@ class Budgets:
     kernels: float = 1800.0
     checkpoint: float = 1800.0
     evaluation: float = 3600.0
+    # A recompile mid-run (new shapes, a guard that failed): seconds for a small graph,
+    # tens of minutes for a large model's with inductor's autotuning; one that waits on
+    # a stale lock in a shared inductor cache never ends, which this budget turns into
+    # a stall.
+    compile: float = 1800.0
 
     def for_phase(self, phase: str, longest_recent_step: float | None) -> float:
         """The budget for ``phase`` given the longest recent step (None before any)."""
@@ -72,6 +79,8 @@ class Budgets:
             return self.checkpoint
         if phase == "evaluating":
             return self.evaluation
+        if phase == "compiling":
+            return self.compile
         if self.step is not None:
             return self.step
         if longest_recent_step is None:

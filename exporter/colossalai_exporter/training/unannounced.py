@@ -1,4 +1,5 @@
-"""Work between steps the monitor is not told of: an evaluation, a save.
+"""Work the monitor is not told of: an evaluation or a save between steps, a
+recompile within one.
 
 Most scripts evaluate without ``monitor.evaluation()`` and save without
 ``monitor.checkpoint()`` (the tutorial's loop has neither: rank 0 alone calls its own
@@ -21,8 +22,16 @@ once the rank has made no step for a while:
   ``model.train()`` after, sets the watched model's (``monitor.boost()``,
   ``watch(booster, model)``) ``training`` attribute. Phase "evaluating", with
   evaluation's budget.
+- **a recompile**, within a step or between steps: the training thread is in
+  torch.compile's compiler (activity ``compile``): a guard failed on new shapes (the
+  epoch's short last batch, a longer sequence), and dynamo and inductor compile the
+  graph again, minutes for a large model. Phase "compiling", with the compile budget:
+  a compile that never ends (a stale lock in a shared inductor cache) is CompileStuck,
+  with its frame. Only the rank that recompiles is in it; the ranks that wait for it in
+  a collective are not paged while it is within that budget. The first compile is the
+  first step's, within the start-up budget.
 
-Either phase starts at the rank's last step and lasts until its next step brings it
+Each phase starts at the rank's last step and lasts until its next step brings it
 back to training.
 
 "A while" is twice the longest recent step, at least :data:`MIN_IDLE_SECONDS`, and at
@@ -58,17 +67,18 @@ class UnannouncedWork:
         self.model: Any = None  # the watched model, once known
 
     def check(self, where: Activity | None) -> None:
-        """Enter phase checkpointing or evaluating for work the monitor was not told of
-        (module docstring); ``where``: the training thread's place, sampled this publish."""
+        """Enter phase checkpointing, evaluating or compiling for work the monitor was not
+        told of (module docstring); ``where``: the training thread's place, sampled this
+        publish."""
         state = self._state
-        if state.phase != "training" or state.last_step is None or self._steps.in_step():
+        if state.phase != "training" or state.last_step is None:
             return
         longest = state.longest_recent_step()
         budget = self._budgets.for_phase("training", longest)
         idle = min(max(MIN_IDLE_SECONDS, 2 * (longest or 0.0)), budget / 2)
         if time.time() - state.last_step < idle:
             return
-        phase = self._doing(where)
+        phase = self._doing(where, self._steps.in_step())
         if phase is not None:
             self._phases.enter_unannounced(phase, since=state.last_step, only_from="training")
 
@@ -79,7 +89,11 @@ class UnannouncedWork:
         return any(at is not None and at >= last_step
                    for at in (state.checkpoint_last_success, state.checkpoint_last_failure))
 
-    def _doing(self, where: Activity | None) -> str | None:
+    def _doing(self, where: Activity | None, in_step: bool) -> str | None:
+        if where is not None and where.kind == "compile":
+            return "compiling"
+        if in_step:  # a step's own work: its budget decides
+            return None
         # A save first: a script may save with its model still in eval mode.
         if where is not None and (where.kind == "checkpoint"
                                   or (where.kind == "network" and self._saved_since_step())):
