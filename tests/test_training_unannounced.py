@@ -10,6 +10,7 @@ import importlib.util
 import io
 import socket
 import threading
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -144,8 +145,16 @@ def test_a_recompile_within_a_step_is_phase_compiling_until_the_next_step(
                 pass
         with monitor.step():
             torch.compile(torch.nn.Linear(8, 8), backend=slow_backend)(torch.randn(4, 8))
+            compiled_at = time.time()
+            # The rest of the step, out of the compiler: training, with the step's budget
+            # from when the compile ended.
+            wait_until(lambda: on_disk(tmp_path).phase == "training", timeout=30,
+                       interval=0.02, what="back to training once the compile is over")
+            after = on_disk(tmp_path)
         since_last_step_with_budget(seen[0], 900.0)  # the compile budget
         assert seen[0].steps == 3  # the step that compiled is still in flight
+        assert after.steps == 3 and after.timeout == 60.0, after
+        assert after.phase_start >= compiled_at - 0.5, (after.phase_start, compiled_at)
         back_to_training_at_the_next_step(monitor, tmp_path)
     finally:
         monitor.close()

@@ -32,7 +32,8 @@ once the rank has made no step for a while:
   first step's, within the start-up budget.
 
 Each phase starts at the rank's last step and lasts until its next step brings it
-back to training.
+back to training; "compiling" also ends as soon as a sample finds the thread out of
+the compiler (the compiled step goes on, within the step's budget from then).
 
 "A while" is twice the longest recent step, at least :data:`MIN_IDLE_SECONDS`, and at
 most half the step budget (before the rank would count as stalled): a script that keeps
@@ -71,6 +72,12 @@ class UnannouncedWork:
         told of (module docstring); ``where``: the training thread's place, sampled this
         publish."""
         state = self._state
+        if state.phase == "compiling" and where is not None and where.kind != "compile":
+            # The compile is over and the step goes on: the step's own budget again, from
+            # now (a hang in the rest of the step must not wait for the compile budget).
+            self._phases.enter_unannounced("training", since=time.time(),
+                                           only_from="compiling")
+            return
         if state.phase != "training" or state.last_step is None:
             return
         longest = state.longest_recent_step()
