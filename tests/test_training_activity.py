@@ -8,6 +8,7 @@ sample is what the publisher pays once a second.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import io
 import json
@@ -133,6 +134,29 @@ def test_backward_data_compute_and_saves_are_told_apart(tmp_path: Path) -> None:
         stop.clear()
         where = _sample_until(work, frame, stop)
         assert where.kind == kind, where
+
+
+def test_waiting_for_a_child_process_is_subprocess() -> None:
+    """An upload the script runs as a child process (``aws s3 cp``), waited for with
+    ``subprocess``, is ``subprocess``, named by the script's line first."""
+    import subprocess
+    import sys
+
+    stop = threading.Event()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+    def wait_for_the_child() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=0.05)
+
+    try:
+        where = _sample_until(wait_for_the_child, "subprocess.py:", stop)
+    finally:
+        child.kill()
+        child.wait(10)
+    assert where.kind == "subprocess", where
+    assert where.frame.startswith("test_training_activity.py:"), where
 
 
 def test_a_compile_is_compile_and_a_compiled_call_is_not() -> None:

@@ -5,6 +5,7 @@ evaluating, from its last step, with that phase's budget, until its next step.""
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import importlib.util
 import io
@@ -199,6 +200,31 @@ def test_an_upload_after_a_save_is_phase_checkpointing(
         since_last_step_with_budget(seen, 1200.0)  # the checkpoint budget
         back_to_training_at_the_next_step(monitor, tmp_path)
     finally:
+        monitor.close()
+
+
+def test_a_child_process_after_a_save_is_phase_checkpointing(
+        tmp_path: Path, short_idle: None) -> None:
+    """The same upload run as a child process (``aws s3 cp``), waited for with
+    ``subprocess``: checkpointing, with the checkpoint budget, from the last step."""
+    import subprocess
+    import sys
+
+    monitor = watched(tmp_path, SimpleNamespace(training=True))
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with monitor.checkpoint(step=3):  # booster.save_model, watched
+            pass
+        deadline = time.monotonic() + 30
+        while on_disk(tmp_path).phase != "checkpointing" and time.monotonic() < deadline:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=0.05)
+        since_last_step_with_budget(on_disk(tmp_path), 1200.0)  # the checkpoint budget
+        assert on_disk(tmp_path).phase == "checkpointing"
+        back_to_training_at_the_next_step(monitor, tmp_path)
+    finally:
+        child.kill()
+        child.wait(10)
         monitor.close()
 
 

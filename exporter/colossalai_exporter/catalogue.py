@@ -395,7 +395,8 @@ TRAINING: tuple[Metric, ...] = (
        "Where a stalled rank's training thread is (always 1; present only while the rank "
        "is stalled): activity collective, backward (both: waiting for other ranks when "
        "the run is stalled), data, checkpoint, network (an upload or download of the "
-       "script's own), compile (torch.compile compiling) or compute; the c10d function of a "
+       "script's own), subprocess (waiting for a child process), compile (torch.compile "
+       "compiling) or compute; the c10d function of a "
        "collective; the script's innermost frame as file:line in function, then the "
        "library frame the thread is in where that is elsewhere (train.py:88 in upload "
        "(client.py:1009 in send)).",

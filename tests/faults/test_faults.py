@@ -349,6 +349,10 @@ CASES = [
          "booster (an HTTP PUT to an object store that takes 12 s, beyond the 5 s step "
          "budget, within the 60 s checkpoint budget) while rank 1 waits for it in the next "
          "step's all-reduce", "upload", 0, (), quiet=25.0, release="current"),
+    Case("upload-subprocess-after-save", "the same upload run as a child process, as a "
+         "script that calls `aws s3 cp` waits for it (12 s, beyond the 5 s step budget) "
+         "while rank 1 waits in the next step's all-reduce", "upload_subprocess", 0, (),
+         quiet=25.0),
     Case("upload-hangs", "rank 0's upload of its checkpoint hangs (an object store that "
          "stopped reading: a write that never returns) while rank 1 waits in the next "
          "step's all-reduce", "upload_hangs", 0, ("CheckpointStuck",),

@@ -190,7 +190,8 @@ def slow_kernel_loader() -> Any:
 STEP_BUDGET = 40.0 if FAULT in SHORT_TIMEOUTS else {"lifecycle": 20.0}.get(FAULT, 5.0)
 # The checkpoint budget: 5 s, so that a stuck save pages soon; the rank-0 saves' is a
 # real one's, far above the step budget, as a large model's save takes minutes.
-CHECKPOINT_BUDGET = {"rank0_save": 60.0, "unwrapped_save": 60.0, "upload": 60.0}.get(FAULT, 5.0)
+CHECKPOINT_BUDGET = {"rank0_save": 60.0, "unwrapped_save": 60.0, "upload": 60.0,
+                     "upload_subprocess": 60.0}.get(FAULT, 5.0)
 # The compile budget: a real one's (30 m), except where the recompile hangs.
 COMPILE_BUDGET = {"recompile_hangs": 5.0}.get(FAULT, 1800.0)
 RANK0_SAVE_SECONDS = 12.0  # beyond the step budget (5 s) twice over
@@ -361,11 +362,12 @@ def main() -> int:
             # A save through the watched booster, then rank 0 alone uploads it (to an
             # object store, the Hub) before it goes on, longer than the step budget, while
             # the others wait for it in the next step's all-reduce; with upload_hangs, an
-            # upload to a server that stopped reading (a write that never returns).
+            # upload to a server that stopped reading (a write that never returns); with
+            # upload_subprocess, the upload is a child process's (`aws s3 cp`).
             armed.clear()
             saved = CHECKPOINT_DIR / f"upload-{step}.pt"
             save(booster, model, saved)
-            upload(saved, hangs=FAULT == "upload_hangs")
+            upload(saved, hangs=FAULT == "upload_hangs", child=FAULT == "upload_subprocess")
         if armed.is_set() and FAULT == "solo_eval":
             # An evaluation on one rank only (a rank that holds the validation set), as
             # long as the rank-0 save, while the others wait for it in the next step.
@@ -469,13 +471,25 @@ class ThrottledFile(io.RawIOBase):
         super().close()
 
 
-def upload(path: Path, hangs: bool) -> None:
+# What ``aws s3 cp`` does in the child process: one PUT of the file and its shards.
+CHILD_UPLOAD = """
+import http.client, sys
+body = open(sys.argv[1], "rb").read() + bytes(4 * 2**20)
+connection = http.client.HTTPConnection("127.0.0.1", int(sys.argv[2]), timeout=3600)
+connection.request("PUT", "/checkpoints/" + sys.argv[1].rsplit("/", 1)[-1], body=body)
+connection.getresponse().read()
+"""
+
+
+def upload(path: Path, hangs: bool, child: bool = False) -> None:
     """An HTTP PUT of ``path`` and 4 MiB more (a checkpoint's shards) to an object store
     on loopback that reads it at a remote store's slow pace, about 12 s
     (``RANK0_SAVE_SECONDS``); with ``hangs``, one that stops reading: the write blocks
-    once the socket's buffers are full, and never returns."""
+    once the socket's buffers are full, and never returns. With ``child``, the PUT is a
+    child process's, as a script that runs ``aws s3 cp`` waits for it."""
     import http.client
     import http.server
+    import subprocess
 
     body = path.read_bytes() + bytes(4 * 2**20)
     rate = len(body) / RANK0_SAVE_SECONDS  # bytes a second
@@ -497,11 +511,15 @@ def upload(path: Path, hangs: bool) -> None:
 
     store = http.server.ThreadingHTTPServer(("127.0.0.1", 0), SlowStore)
     threading.Thread(target=store.serve_forever, daemon=True).start()
-    connection = http.client.HTTPConnection("127.0.0.1", store.server_address[1],
-                                            timeout=3600)
-    connection.request("PUT", f"/checkpoints/{path.name}", body=body)
-    connection.getresponse().read()
-    connection.close()
+    if child:
+        subprocess.run([sys.executable, "-c", CHILD_UPLOAD, str(path),
+                        str(store.server_address[1])], check=True, timeout=3600)
+    else:
+        connection = http.client.HTTPConnection("127.0.0.1", store.server_address[1],
+                                                timeout=3600)
+        connection.request("PUT", f"/checkpoints/{path.name}", body=body)
+        connection.getresponse().read()
+        connection.close()
     store.shutdown()
 
 

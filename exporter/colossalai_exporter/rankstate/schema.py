@@ -16,7 +16,7 @@ import msgspec
 # added since have defaults) and refuses a newer one: a training image newer than
 # the node agent costs that rank its outside view (counted, reason "version"), not
 # a misreading.
-SNAPSHOT_VERSION: Final = 3  # 3: phase "compiling", activity "compile"
+SNAPSHOT_VERSION: Final = 3  # 3: phase "compiling", activities "compile" and "subprocess"
 Phase = Literal["init", "kernels", "training", "checkpointing", "evaluating", "compiling",
                 "finished", "failed"]
 #: every phase, in the order a run goes through them (rules and dashboards take them from here)
@@ -38,7 +38,7 @@ Device = Literal["cuda", "cpu", "nvme"]
 DEVICES: tuple[Device, ...] = ("cuda", "cpu", "nvme")
 
 ACTIVITIES: Final = ("compute", "backward", "collective", "data", "checkpoint", "network",
-                     "compile")
+                     "subprocess", "compile")
 #: activities of a rank that waits for others, when the run is stalled
 WAITING: Final = ("collective", "backward")
 

@@ -25,10 +25,14 @@ a network client          ``network``     an upload or download: ``socket``,
                                           ``ssl``, ``http.client``, requests,
                                           urllib3, httpx, botocore,
                                           s3transfer, huggingface_hub, …
+``subprocess.py``         ``subprocess``  waiting for a child process: an
+                                          ``aws s3 cp`` or ``rclone`` of the
+                                          script's, run with ``subprocess``
 anything else             ``compute``     the model, the optimizer, user code
 ========================  ==============  ====================================
 
-``network`` counts only where no part of torch above is further out on the stack: a
+``network`` and ``subprocess`` count only where no part of torch above is further out
+on the stack (and ``network`` before ``subprocess``): a
 ``torch.save`` into an object store's file (s3fs) is ``checkpoint``, a data loader
 that reads from one is ``data``; what is left is the script's own transfer (rank 0
 pushing a checkpoint to S3 or the Hub), which training/unannounced.py takes for part
@@ -85,6 +89,7 @@ _NETWORK: Final = re.compile("|".join(re.escape(marker) for marker in (
 # contextlib's around them: a phase change publishes from the training thread, inside
 # `with monitor.checkpoint():`, and a save that froze right after (torch.save holding
 # the GIL) paged "in compute at contextlib.py in __enter__", its last snapshot's frame.
+_SUBPROCESS: Final = f"{os.sep}subprocess.py"
 _OWN: Final = f"{os.sep}colossalai_exporter{os.sep}training{os.sep}"
 _CONTEXTLIB: Final = f"{os.sep}contextlib.py"
 # The standard library's and installed packages' directories: the frames that are not
@@ -109,7 +114,7 @@ def sample(thread_id: int | None) -> Activity | None:
         return None
     frame = sys._current_frames().get(thread_id)
     top = script = kind = collective = ""
-    network = False
+    network = spawned = False
     while frame is not None and not (kind and script):
         filename = frame.f_code.co_filename
         if _OWN in filename or filename.endswith(_CONTEXTLIB):
@@ -128,10 +133,11 @@ def sample(thread_id: int | None) -> Activity | None:
                     break
             else:
                 network = network or _NETWORK.search(path) is not None
+                spawned = spawned or filename.endswith(_SUBPROCESS)
         frame = frame.f_back
     if not top:
         return None
-    kind = kind or ("network" if network else "compute")
+    kind = kind or ("network" if network else "subprocess" if spawned else "compute")
     named = top if script in ("", top) else f"{script} ({top})"
     return Activity(kind=kind, frame=named, collective=collective)
 

@@ -13,7 +13,8 @@ once the rank has made no step for a while:
   activity is ``checkpoint``, training/activity.py), or, once the rank has saved since
   its last step, in a network client of its own (``network``: rank 0 pushing the
   checkpoint it just saved through the watched ``booster.save_model`` to S3 or the
-  Hub). Phase "checkpointing", with the checkpoint budget: a save or upload that never
+  Hub) or waiting for a child process (``subprocess``: ``aws s3 cp``, ``rclone``).
+  Phase "checkpointing", with the checkpoint budget: a save or upload that never
   ends is CheckpointStuck, with its frame. It counts as no checkpoint (the monitor
   cannot tell whether it succeeded). A transfer with no save before it (the next data
   shard fetched outside a DataLoader) is not a save: it stays training, and a fetch
@@ -54,6 +55,9 @@ from colossalai_exporter.training.phases import Phases
 from colossalai_exporter.training.state import Budgets, RankState
 from colossalai_exporter.training.steps import StepCounter
 
+#: What the training thread does after a save that is part of it: an upload, in a
+#: network client of the script's own or a child process (``aws s3 cp``)
+AFTER_A_SAVE = ("network", "subprocess")
 #: The least time without a step that counts as an evaluation or a save
 MIN_IDLE_SECONDS = 10.0
 
@@ -103,7 +107,7 @@ class UnannouncedWork:
             return None
         # A save first: a script may save with its model still in eval mode.
         if where is not None and (where.kind == "checkpoint"
-                                  or (where.kind == "network" and self._saved_since_step())):
+                                  or (where.kind in AFTER_A_SAVE and self._saved_since_step())):
             return "checkpointing"
         model = self.model
         if model is not None and not getattr(model, "training", True):
