@@ -112,6 +112,7 @@ class Thresholds(Section, frozen=True):
     kernel_failure_window: Duration
     heartbeat_failing_after: Duration
     training_slow_evaluation_interval: Duration
+    training_never_started_after: Duration
     chat_latency_seconds: float
     chat_first_token_seconds: float
     chat_stream_failure_ratio: float

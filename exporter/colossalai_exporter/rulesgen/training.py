@@ -46,6 +46,7 @@ from colossalai_exporter.rulesgen.training_stalls import (
     checkpoint_stuck,
     compile_stuck,
     evaluation_stuck,
+    never_started,
     ranks_missing,
     reported_ranks,
     stalled,
@@ -92,6 +93,7 @@ def training(config: RulesConfig) -> RuleFile:
         checkpoint_overdue(rank_servers, thresholds.checkpoint_interval),
         *stragglers(rank_servers, node_agents, thresholds),
         kernels_not_ready(rank_servers, config.for_["KernelsNotReady"]),
+        never_started(rank_servers, node_agents, thresholds.training_never_started_after),
         *heartbeats_failing(rank_servers, thresholds.heartbeat_failing_after),
     ), interval=str(thresholds.training_slow_evaluation_interval))
     return RuleFile("colossalai-training", (

@@ -1,5 +1,5 @@
-"""Stalls: TrainingStalled, TrainingStartupStuck, TrainingRanksMissing, CheckpointStuck,
-CompileStuck, EvaluationStuck.
+"""Stalls: TrainingStalled, TrainingStartupStuck, TrainingRanksMissing,
+TrainingNeverStarted, CheckpointStuck, CompileStuck, EvaluationStuck.
 
 A rank that stays in one phase beyond that phase's budget. In every phase
 ``colossalai_training_step_timeout_seconds`` is the budget of that phase
@@ -33,6 +33,7 @@ from colossalai_exporter.rulesgen.common import (
     training_dashboard,
     with_run,
 )
+from colossalai_exporter.rulesgen.config import Duration
 from colossalai_exporter.rulesgen.model import Alert
 from colossalai_exporter.rulesgen.promql import (
     Selector,
@@ -261,6 +262,48 @@ def ranks_missing(node_agents: Selector) -> Alert:
         "reported by node: " + started_on + ".",
         # No dashboard: the run has no job or rank the dashboards select by yet, and the
         # nodes that reported are in the description.
+        None)
+
+
+#: How far back TrainingNeverStarted looks for a rank server that answered: longer than
+#: TrainingRankDown's hour (a server that answered, then died, is that alert's), short
+#: enough that a Slurm job id used again later is not read as the old job.
+NEVER_UP_WINDOW = "6h"
+
+
+def never_started(rank_servers: Selector, node_agents: Selector, after: Duration) -> Alert:
+    """TrainingNeverStarted: a Slurm training job whose ranks never reported at all.
+
+    Every rank of a job can be stuck before it creates its monitor: an import or a
+    dataset on a network filesystem that hangs, a container image still pulling, a
+    launcher waiting for its nodes. No rank writes a snapshot or serves, so nothing of
+    the job reaches Prometheus but the rank server's target that the Slurm prolog wrote
+    for a training job (``sbatch --comment=colossalai``, labelled ``slurm_job_id``),
+    which never answers: TrainingRankDown's ``scrape`` form needs a server that served,
+    and TrainingRanksMissing needs ranks that reported. Only such targets: the prolog
+    writes them when the job starts and the epilog removes them when it ends, so a
+    target that has been there ``after`` and never answered is a job that never
+    started; a static target outlives its runs and says nothing of the kind. Not when
+    a node agent of the job reports any rank of it (those ranks' own alerts say more).
+    """
+    target = rank_servers("up", 'slurm_job_id!=""')
+    return Alert(
+        "TrainingNeverStarted",
+        expr(f"""
+            max_over_time({target}[{NEVER_UP_WINDOW}]) == 0
+            and on (job, instance, slurm_job_id)
+              ({target} offset {after})
+            unless on (slurm_job_id)
+              {node_agents(INFO, 'slurm_job_id!=""')}
+        """),
+        "critical", "A Slurm training job has not started: no rank has reported.",
+        "Slurm job {{ $labels.slurm_job_id }}{{ with $labels.slurm_job_name }} ({{ . }})"
+        "{{ end }} has run for more than " + after.text + " and its rank server "
+        "{{ $labels.instance }} has never answered, nor does any node agent of the job "
+        "report a rank of it: no rank has created its TrainingMonitor. The job is stuck "
+        "before training starts (an import or a dataset on a network filesystem that "
+        "hangs, a container image still pulling, the launcher waiting for its nodes), "
+        "or its script creates the monitor late or serves elsewhere.",
         None)
 
 
