@@ -266,9 +266,10 @@ def ranks_missing(node_agents: Selector) -> Alert:
 
 
 #: How far back TrainingNeverStarted looks for a rank server that answered: longer than
-#: TrainingRankDown's hour (a server that answered, then died, is that alert's), short
-#: enough that a Slurm job id used again later is not read as the old job.
-NEVER_UP_WINDOW = "6h"
+#: TrainingRankDown's hour (a server that answered, then died, is that alert's), and no
+#: longer than Prometheus' head block: every minute it reads this much of every training
+#: target's `up` (4,096 targets where every rank serves), from memory.
+NEVER_UP_WINDOW = "2h"
 
 
 def never_started(rank_servers: Selector, node_agents: Selector, after: Duration) -> Alert:
