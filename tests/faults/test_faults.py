@@ -96,6 +96,9 @@ class Case:
     # "local": every rank serves /metrics, each a target of the training job (docs/
     # training.md, serve), so TrainingStalled reads every rank, not rank 0 alone
     serve: str = "rank0"
+    # "stop": once the first page is in (and what it mutes is muted), SIGTERM to torchrun,
+    # as an operator (scancel) or the scheduler stops a hung job
+    then: str = ""
 
 
 # A hang that goes on to end the run (the process group's timeout), in the form NCCL's
@@ -118,6 +121,11 @@ CASES = [
          ("is the rank the others wait for", "in compute at train.py:",
           "in inject_in_step while 1 other rank(s) wait in backward"),
          muted=("TrainingStalled",), release="current"),
+    replace(HANG_THEN_WATCHDOG, name="hang-then-stopped", fault="frozen_compute",
+            failure="rank 1 frozen in compute while rank 0 waits in backward's all-reduce; "
+            "once the hang has paged, the job is stopped (SIGTERM to torchrun, as scancel "
+            "does): rank 0, still waiting, is no second culprit", then="stop",
+            release="bookworm"),
     Case("gil-hang-rank-0", "rank 0 hung in a C call holding the GIL at its first step after a "
          "checkpoint (its own /metrics server frozen too)", "gil_hang_after_checkpoint", 0,
          ("TrainingHangSuspect",), {"rank": "0", "cause": "not_responding"},
@@ -622,6 +630,8 @@ def test_the_failure_pages_with_its_cause_and_nothing_else(
                        interval=0.2, what=f"{name} firing in Prometheus")
             wait_until(lambda name=name: "suppressed" in stack.alertmanager_states(name),
                        timeout=10, interval=0.2, what=f"{name} inhibited in Alertmanager")
+        if case.then == "stop":
+            stack.job.proc.send_signal(signal.SIGTERM)
         wait_until(lambda: have_paged(case.pages), timeout=timeout, interval=0.2,
                    what=f"{case.pages} paged (log: {stack.job.log})")
         if case.trigger == "start":

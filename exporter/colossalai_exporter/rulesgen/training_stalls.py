@@ -42,6 +42,7 @@ from colossalai_exporter.rulesgen.promql import (
     expr,
     fill,
     indent,
+    label_is,
     printf_query,
     query,
     with_first,
@@ -70,10 +71,33 @@ def _budget() -> str:
 BUSY = phase_is("init", "kernels", "checkpointing", "evaluating", "compiling")
 
 
+#: The ends of a rank that its own page names (TrainingRankDown: killed, failed of its
+#: own error, hung then ended; TrainingRankOOMKilled): a rank of its run left waiting
+#: for it in a collective is its consequence.
+PAGED_EXITS = label_is("reason", "killed", "failed", "hung", "oom_killed")
+
+
+def waiting_for_the_dead(rank_servers: Selector, node_agents: Selector) -> str:
+    """The stalled ranks that wait in a collective (rank servers' view) in runs where a
+    rank ended in a way its own page names (PAGED_EXITS).
+
+    Inhibition alone left a gap: a hung job stopped by its operator (scancel: SIGTERM to
+    the launcher) ends the hung rank at once, and TrainingHangSuspect with it, while the
+    rank that waited lives on in its collective until the launcher kills it; for the
+    minute TrainingRankDown waits before it names the hung rank's end, nothing muted the
+    waiting rank's TrainingStalled, which paged it as a second culprit (found by a first
+    user's walk through the docs; fault case hang-then-stopped). A rank that ends without
+    a page of its own (interrupted alone, failed of a peer) still leaves its waiting
+    ranks to this alert: nothing else would say the run is stuck."""
+    ended = f"count by (run) ({node_agents(EXIT, PAGED_EXITS)})"
+    return f"{block(stalled_waiting(rank_servers))}\nand on (run)\n  {ended}"
+
+
 def stalled(rank_servers: Selector, node_agents: Selector) -> Alert:
     """TrainingStalled: a rank in phase training with no step within its step budget,
     unless it waits in a collective for a rank of its run that is busy within its own
-    budget (waiting_for_busy), or its run's loop is over (after_the_loop)."""
+    budget (waiting_for_busy) or ended in a way its own page names
+    (waiting_for_the_dead), or its run's loop is over (after_the_loop)."""
     phase_start = rank_servers(PHASE_START)
     # Time in phase training without a step: since the last step, or since the
     # rank (re-)entered training (after start-up or a checkpoint), whichever is later.
@@ -97,6 +121,7 @@ def stalled(rank_servers: Selector, node_agents: Selector) -> Alert:
         "TrainingStalled",
         f"{block(with_run(only_in_phase(rank_servers, without_step, TRAINING)))}\n"
         f"unless on (run, rank)\n{block(waiting_for_busy(stalled_waiting(rank_servers)))}\n"
+        f"unless on (run, rank)\n{block(waiting_for_the_dead(rank_servers, node_agents))}\n"
         f"unless on (run)\n{block(after_the_loop(rank_servers, node_agents))}",
         "critical", "A training rank has made no step for longer than its step budget.",
         fill("Rank [[$rank]] of job [[$job]] ([[$instance]]) has made no training step "
