@@ -560,6 +560,25 @@ def test_a_rank_gone_without_a_word_after_a_hang(
     assert verdicts(rank1, alive=others)[1][0] == reason
 
 
+def test_a_frozen_rank_killed_after_the_hang_is_the_one_that_hung() -> None:
+    """SIGSTOP (or a C call holding the GIL), then the job stopped: the frozen rank
+    cannot take the launcher's SIGTERM and dies of its SIGKILL. Its last snapshot, from
+    just before it froze, was within its budget; as of the scrape that last saw it alive
+    it had been stalled for minutes while rank 0 waited for it."""
+    frozen = hung_at(1030.0, IN_COMPUTE)  # froze at 1030 s, mid-step, within budget
+    clock = [1200.0]
+    exits = ExitJudge(None, clock=lambda: clock[0])
+    assert judge(exits, [frozen, waiter(at=1190.0)], []) == {}  # alive, not publishing
+    clock[0] = 1215.0
+    assert judge(exits, [], [frozen, waiter(at=1190.0)])[1] == ("hung", (
+        "it made no step for 200s (budget 60s), in compute at train.py:285 in step, outside "
+        "any collective, while rank 0 waited in backward at __init__.py:347 in backward: the "
+        "rank the others waited for; then its process vanished with no error and no signal "
+        "recorded (SIGKILL after the hang, or a crash)"))
+    # Never seen alive by this agent (started after it froze): its snapshot alone, as before.
+    assert verdicts(hung_at(1030.0, IN_COMPUTE), waiter(at=1190.0))[1][0] == "killed"
+
+
 GLOO_TIMEOUT = RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] "
                             "Timed out waiting 15000ms for recv operation to complete")
 

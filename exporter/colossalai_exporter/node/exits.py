@@ -34,7 +34,10 @@ gone at once), but in how each one ended:
     a consequence, never the cause.
 ``hung``
     it was stalled (no step within its budget) when it received SIGTERM or SIGINT, or
-    when it vanished without a word, and another rank of its run on this node shows it
+    when it vanished without a word (as of when it was last seen alive: a rank frozen by
+    SIGSTOP or a C call holding the GIL, then SIGKILLed by the launcher that stopped the
+    hung job, wrote its last snapshot before its stall), and another rank of its run on
+    this node shows it
     was the rank they waited for: the flight recorder has it behind that rank in a
     process group, or it was outside any collective while that rank, stalled, waited in
     one. The rank a hang waited for, ended after the hang (torchrun stopping it once
@@ -172,6 +175,10 @@ class ExitJudge:
         self._kills: dict[int, OomKill] = {}  # victim pid -> its kill, from the kernel log
         self._baselines: dict[tuple[int, float | None], _Baseline] = {}
         self._verdicts: dict[tuple[int, float | None], Exit] = {}
+        # When each live rank's process was last seen alive: a rank frozen by SIGSTOP or
+        # a C call holding the GIL publishes nothing, so its last snapshot predates its
+        # stall, and the launcher's SIGKILL that ends the hung job finds it that way.
+        self._alive_at: dict[tuple[int, float | None], float] = {}
         # The kernel's ring buffer read whole now, at the agent's start (on a busy node
         # tens of thousands of records): a scrape then reads only the new ones.
         self._poll_kernel_log()
@@ -199,6 +206,8 @@ class ExitJudge:
         self._note_alive([s for s in alive if pids_mean_something(s)])
         keep = {self._key(s) for s in gone}
         self._verdicts = {k: v for k, v in self._verdicts.items() if k in keep}
+        now = self._clock()
+        self._alive_at = {self._key(s): now for s in alive}
         return exits
 
     def _poll_kernel_log(self) -> None:
@@ -276,7 +285,10 @@ class ExitJudge:
         counted = self._counted_oom(snap, "the rank vanished")
         if counted is not None:
             return Exit("oom_killed", counted)
-        hang = _hung(snap, snap.written, peers)
+        # As of when it was last seen alive: a frozen rank was stalled then, though its
+        # last snapshot (from before it froze) was not.
+        alive_at = max(snap.written, self._alive_at.get(self._key(snap), snap.written))
+        hang = _hung(snap, alive_at, peers)
         if hang:
             return Exit("hung", f"{hang}; then its process vanished with no error and no "
                                 "signal recorded (SIGKILL after the hang, or a crash)")
