@@ -209,6 +209,12 @@ def _ephemeral_ports() -> tuple[int, int]:
 
 
 _PORTS = random.Random(os.getpid())
+# Ports handed out by any test process on this machine, with when: shared by the xdist
+# workers and by any other run of the suite beside this one.
+_HANDED_OUT = Path(tempfile.gettempdir()) / "colossalai-exporter-tests-ports"
+# How long a port handed out stays another process's: from free_port to the server's
+# own bind (Prometheus, a torchrun's store after its launcher starts) on a loaded machine.
+_HANDED_OUT_FOR = 300.0
 
 
 def free_port() -> int:
@@ -218,11 +224,38 @@ def free_port() -> int:
     kernel also hands out as the source port of outgoing connections (every HTTP poll
     of a test, Prometheus' scrapes, another suite on the machine), so between this
     call and the server's own bind it could be taken, and the server fail with
-    "Address already in use". Below the range only an explicit bind can take it.
+    "Address already in use". Below the range only an explicit bind can take it: one
+    of a server another test process started on a port it was handed at the same time
+    (a torchrun's store failed so, beside two other suites). So no two test processes
+    on the machine are handed one port within minutes of each other (a file of recent
+    ports under an exclusive lock).
     """
+    import fcntl
+
     low, _ = _ephemeral_ports()
+    with open(_HANDED_OUT, "a+", encoding="ascii") as handed:
+        fcntl.flock(handed, fcntl.LOCK_EX)  # released when the file closes
+        handed.seek(0)
+        now = time.time()
+        recent: dict[int, float] = {}
+        for line in handed:
+            with contextlib.suppress(ValueError):
+                port_text, at_text = line.split()
+                if now - float(at_text) < _HANDED_OUT_FOR:
+                    recent[int(port_text)] = float(at_text)
+        port = _unused_port(low, recent)
+        recent[port] = now
+        handed.seek(0)
+        handed.truncate()
+        handed.writelines(f"{p} {at}\n" for p, at in recent.items())
+    return port
+
+
+def _unused_port(low: int, recent: dict[int, float]) -> int:
     for _ in range(200):
         port = _PORTS.randrange(10000, max(low, 10001))
+        if port in recent:
+            continue
         with socket.socket() as sock:
             try:
                 sock.bind(("", port))  # all addresses: the training monitor binds 0.0.0.0
