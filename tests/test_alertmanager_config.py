@@ -554,6 +554,16 @@ def test_the_watchdog_pings_at_every_group_interval(tmp_path: Path) -> None:
     assert gaps[len(gaps) // 2] < 3.0, gaps
 
 
+def _post_alert(url: str, alert: dict[str, Any]) -> float:
+    """``alert`` into Alertmanager's API, as Prometheus sends it; when it was accepted."""
+    request = urllib.request.Request(url + "/api/v2/alerts", data=json.dumps([alert])
+                                     .encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=5) as response:
+        assert response.status == 200
+    return time.time()
+
+
 @pytest.mark.slow
 def test_a_second_incident_in_a_run_pages_within_the_bridge_group_interval(
         tmp_path: Path) -> None:
@@ -579,14 +589,6 @@ def test_a_second_incident_in_a_run_pages_within_the_bridge_group_interval(
                 "annotations": {"summary": "s", "description": f"rank {rank}"},
                 "endsAt": "2099-01-01T00:00:00Z"}
 
-    def post(url: str, alert: dict[str, Any]) -> float:
-        request = urllib.request.Request(url + "/api/v2/alerts", data=json.dumps([alert])
-                                         .encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=5) as response:
-            assert response.status == 200
-        return time.time()
-
     def paged(receiver: Any, rank: str) -> list[float]:
         return [r.at for r in receiver.received("/bridge/bridge")
                 if any(a["labels"].get("rank") == rank and a["status"] == "firing"
@@ -597,10 +599,10 @@ def test_a_second_incident_in_a_run_pages_within_the_bridge_group_interval(
                                              lambda n: f"{receiver.url}/slack/{n}", "t",
                                              scaled)
         with running_alertmanager(config, tmp_path) as url:
-            post(url, rank_down("1"))
+            _post_alert(url, rank_down("1"))
             wait_until(lambda: paged(receiver, "1"), timeout=30, interval=0.1,
                        what="the first death paged")
-            second = post(url, rank_down("0"))
+            second = _post_alert(url, rank_down("0"))
             [at, *_] = wait_until(lambda: paged(receiver, "0"), timeout=60, interval=0.1,
                                   what="the second death paged")
     # within the bridge route's (scaled) 3 s interval, and not the root's 30 s
@@ -625,13 +627,6 @@ def test_a_new_runs_page_carries_no_earlier_runs_resolved_alert(tmp_path: Path) 
                 "annotations": {"summary": "s", "description": f"rank 1 of {run}"},
                 "endsAt": ends}
 
-    def post(url: str, alert: dict[str, Any]) -> None:
-        request = urllib.request.Request(url + "/api/v2/alerts", data=json.dumps([alert])
-                                         .encode(), method="POST",
-                                         headers={"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=5) as response:
-            assert response.status == 200
-
     def titles(receiver: Any) -> list[str]:
         return [json.loads(r.body)["attachments"][0]["title"]
                 for r in receiver.received("/slack/slack-critical")]
@@ -645,11 +640,11 @@ def test_a_new_runs_page_carries_no_earlier_runs_resolved_alert(tmp_path: Path) 
                                              lambda n: f"{receiver.url}/slack/{n}", "t",
                                              short)
         with running_alertmanager(config, tmp_path) as url:
-            post(url, rank_down("4241", "2099-01-01T00:00:00Z"))
+            _post_alert(url, rank_down("4241", "2099-01-01T00:00:00Z"))
             wait_until(lambda: any("run 4241" in t for t in titles(receiver)), timeout=30,
                        interval=0.1, what="run 4241's page")
-            post(url, rank_down("4241", "2000-01-01T00:00:00Z"))  # resolved, as re-sent
-            post(url, rank_down("4242", "2099-01-01T00:00:00Z"))
+            _post_alert(url, rank_down("4241", "2000-01-01T00:00:00Z"))  # resolved, re-sent
+            _post_alert(url, rank_down("4242", "2099-01-01T00:00:00Z"))
             wait_until(lambda: any("run 4242" in t for t in titles(receiver))
                        and bridge_pages(receiver, "4242"), timeout=30, interval=0.1,
                        what="run 4242's page in Slack and at the bridge")

@@ -17,7 +17,6 @@ the ColossalAI hooks (colossal.py).
 from __future__ import annotations
 
 import contextlib
-import enum
 import logging
 import os
 import sys
@@ -27,7 +26,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Final
+from typing import Any
 
 from colossalai_exporter.errors import ConfigError
 from colossalai_exporter.rankstate import files as snapfiles
@@ -56,14 +55,6 @@ from colossalai_exporter.training.unannounced import UnannouncedWork
 log = logging.getLogger("colossalai_exporter.training")
 
 _wall = time.time
-
-
-class _Unsampled(enum.Enum):
-    """snapshot()'s caller has not sampled the training thread (a scrape's thread)."""
-    TOKEN = 0
-
-
-_UNSAMPLED: Final = _Unsampled.TOKEN
 
 
 def _process_start(pid: int) -> float | None:
@@ -572,14 +563,17 @@ class TrainingMonitor:
         """The stall evidence written so far (stacks, flight recorder dumps)."""
         return self._evidence.files
 
-    def snapshot(self, where: Activity | _Unsampled | None = _UNSAMPLED) -> Snapshot:
+    def snapshot(self) -> Snapshot:
         """The rank's current state, as snapshot files and /metrics carry it: the one way
-        both are built (a scrape of rank 0's server and the publisher alike). ``where``:
-        the training thread's place when the caller has sampled it already."""
+        both are built (a scrape of rank 0's server and the publisher alike)."""
+        return self._snapshot(self._where())
+
+    def _snapshot(self, where: Activity | None) -> Snapshot:
+        """snapshot() with the training thread's place already sampled (``where``)."""
         snap = self._state.snapshot(self.budgets)
         if snap.phase == "training":
             self._steps.cap = snap.timeout
-        self._sample_activity(snap, self._where() if isinstance(where, _Unsampled) else where)
+        self._sample_activity(snap, where)
         # A stall is counted when first seen, by whichever looks first (the publisher
         # records it in the state when it writes the evidence, below).
         if snap.stalled and not self._was_stalled:
@@ -594,7 +588,7 @@ class TrainingMonitor:
             # check and for the snapshot alike.
             where = self._where()
             self._refresh(where)
-            snap = self.snapshot(where)
+            snap = self._snapshot(where)
             if periodic:
                 self._count_activity(snap)
             if snap.stalled and not self._was_stalled:
