@@ -108,6 +108,51 @@ def test_learned_budget_follows_the_longest_recent_step(tmp_path: Path) -> None:
         monitor.close()
 
 
+def test_the_budget_after_the_first_step_is_five_times_it(tmp_path: Path) -> None:
+    """A pipeline's steps of minutes: the second step's budget is five times the first's
+    (the ring once read one slot behind, and gave the floor: a healthy run of long steps
+    stalled a minute into its second)."""
+    monitor = quiet(tmp_path, budgets=Budgets(step_factor=5, step_floor=60))
+    try:
+        monitor.step_done(180.0)
+        assert monitor.snapshot().timeout == pytest.approx(900.0)
+        monitor.step_done(170.0)
+        assert monitor.snapshot().timeout == pytest.approx(850.0)  # the first has left
+    finally:
+        monitor.close()
+
+
+def test_the_first_step_leaves_the_learned_budget_once_another_is_in(
+        tmp_path: Path) -> None:
+    """The first step's warm-up (the first compile: minutes) would make the next 127 steps'
+    budget five times itself; only the steps after it count, the last 128 of them."""
+    monitor = quiet(tmp_path, budgets=Budgets(step_factor=5, step_floor=1))
+    try:
+        monitor.step_done(300.0)  # the first compile
+        for _ in range(3):
+            monitor.step_done(0.4)
+        assert monitor.snapshot().timeout == pytest.approx(2.0)
+        for _ in range(200):  # past the ring: the last 128 steps
+            monitor.step_done(0.2)
+        assert monitor.snapshot().timeout == pytest.approx(1.0)
+    finally:
+        monitor.close()
+
+
+def test_a_forgotten_step_leaves_the_learned_budget() -> None:
+    state = RankState(0, 0, 1, 1, None)
+    for duration in (9.0, 1.0, 20.0, 2.0):  # the third held an evaluation
+        state.recent[state.steps] = duration
+        state.steps += 1
+    state.forget_step(3)
+    assert state.longest_recent_step() == 2.0
+    state.forget_step(4)
+    state.forget_step(2)
+    assert state.longest_recent_step() == 9.0  # only the first is left
+    state.forget_step(5)  # not completed yet: nothing to forget
+    assert state.recent[4] == 0.0
+
+
 def test_stall_is_judged_per_phase_against_its_budget() -> None:
     base = RankState(0, 0, 1, 1, None, now=90.0).snapshot(Budgets(), now=90.0)
     base = msgspec.structs.replace(base, phase="training", progress=100.0, timeout=10.0,

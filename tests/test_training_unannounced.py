@@ -1,7 +1,8 @@
-"""Work between steps the monitor is not told of (training/unannounced.py): a rank
-outside any step, with no step for a while, whose training thread is in torch.save
-or an upload is in phase checkpointing, and one whose watched model is in eval mode is in phase
-evaluating, from its last step, with that phase's budget, until its next step."""
+"""Work the monitor is not told of (training/unannounced.py): a rank with no step for a
+while whose training thread is in torch.save or an upload is in phase checkpointing,
+one whose watched model is in eval mode is in phase evaluating, and one in
+torch.compile's compiler is in phase compiling, from its last step, with that phase's
+budget, until its next step or the work's end; between steps or inside one."""
 
 from __future__ import annotations
 
@@ -243,17 +244,101 @@ def test_a_transfer_with_no_save_before_it_stays_training(
         monitor.close()
 
 
-def test_train_mode_or_a_step_in_progress_stays_training(
-        tmp_path: Path, short_idle: None) -> None:
-    model = SimpleNamespace(training=True)
-    monitor = watched(tmp_path, model)
-    try:
-        publishes(tmp_path, 2 + int(IDLE / 0.05))  # idle, in train mode: past IDLE
-        assert on_disk(tmp_path).phase == "training"
-        model.training = False  # eval mode inside a step (a rollout, say)
+def learning(tmp_path: Path, model: Any) -> TrainingMonitor:
+    """A watched monitor whose step budget is learned (five times the longest recent
+    step, 1 s at least), after three steps of a few microseconds."""
+    monitor = TrainingMonitor(serve="none", run_dir=tmp_path, publish_interval=0.05,
+                              record_signals=False,
+                              budgets=Budgets(step_factor=5.0, step_floor=1.0,
+                                              evaluation=900.0, checkpoint=1200.0))
+    monitor.watch(SimpleNamespace(), model)
+    for _ in range(3):
         with monitor.step():
+            pass
+    return monitor
+
+
+def test_an_evaluation_inside_a_step_is_phase_evaluating_until_train_mode(
+        tmp_path: Path, short_idle: None) -> None:
+    """The loop's whole body in ``with monitor.step()``, the periodic validation in it
+    (model.eval() … model.train()): evaluating, with evaluation's budget, from the last
+    step; back to training, with the step's budget from then, once the model is in train
+    mode again; and the step that held it is no part of the learned budget after."""
+    model = SimpleNamespace(training=True)
+    monitor = learning(tmp_path, model)
+    try:
+        publishes(tmp_path, 2)  # a check sees the model in train mode
+        with monitor.step():
+            model.training = False  # model.eval(): the validation loop begins
+            wait_until(lambda: on_disk(tmp_path).phase == "evaluating", timeout=30,
+                       interval=0.02, what="phase evaluating inside the step")
+            since_last_step_with_budget(on_disk(tmp_path), 900.0)  # evaluation's
+            model.training = True  # model.train(): the rest of the step
+            trained_at = time.time()
+            wait_until(lambda: on_disk(tmp_path).phase == "training", timeout=30,
+                       interval=0.02, what="back to training once in train mode")
+            after = on_disk(tmp_path)
+            assert after.steps == 3 and after.phase_start >= trained_at - 0.5, after
+            assert after.timeout == 1.0  # the step's budget: the quick steps' floor
+        # The step lasted the evaluation; five times that is no step's budget.
+        wait_until(lambda: on_disk(tmp_path).steps == 4, timeout=30, interval=0.02,
+                   what="the step written")
+        publishes(tmp_path, 2)
+        assert on_disk(tmp_path).timeout == 1.0
+        assert on_disk(tmp_path).phase == "training"
+    finally:
+        monitor.close()
+
+
+def test_eval_mode_in_every_step_is_a_step_however_long(
+        tmp_path: Path, short_idle: None) -> None:
+    """An RL loop whose every step generates its rollout in eval mode, then trains: eval
+    mode is part of the rank's ordinary steps, so a step that takes too long in it is
+    a step that takes too long (the step's budget), not an evaluation."""
+    model = SimpleNamespace(training=True)
+    monitor = learning(tmp_path, model)
+    try:
+        for _ in range(2):
+            with monitor.step():
+                model.training = False  # the rollout
+                publishes(tmp_path, 1)  # seen by a check, well within the idle time
+                model.training = True  # the update
+        with monitor.step():
+            model.training = False  # a rollout that takes too long
             publishes(tmp_path, 2 + int(IDLE / 0.05))
             assert on_disk(tmp_path).phase == "training"
+            model.training = True
+    finally:
+        monitor.close()
+
+
+def test_a_save_inside_a_step_is_phase_checkpointing(
+        tmp_path: Path, short_idle: None) -> None:
+    """The tutorial's torch.save inside the step's block (``if step % 500 == 0``), into a
+    slow filesystem: checkpointing, with the checkpoint budget, from the last step."""
+    require(importlib.util.find_spec("torch") is not None, "torch (scripts/install-dev.sh)")
+    import torch
+
+    monitor = watched(tmp_path, SimpleNamespace(training=True))
+    seen: list[Snapshot] = []
+
+    class SlowFile(io.RawIOBase):
+        def writable(self) -> bool:
+            return True
+
+        def write(self, data: Any) -> int:
+            if not seen:
+                wait_until(lambda: on_disk(tmp_path).phase == "checkpointing", timeout=30,
+                           interval=0.02, what="phase checkpointing during torch.save")
+                seen.append(on_disk(tmp_path))
+            return len(memoryview(data).cast("B"))
+
+    try:
+        with monitor.step():
+            torch.save({"weight": torch.zeros(4)}, SlowFile())
+        since_last_step_with_budget(seen[0], 1200.0)  # the checkpoint budget
+        assert seen[0].steps == 3  # the step that saved is still in flight
+        back_to_training_at_the_next_step(monitor, tmp_path)
     finally:
         monitor.close()
 

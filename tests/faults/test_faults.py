@@ -395,6 +395,12 @@ CASES = [
          "write it (model.eval(), batches under no_grad, model.train()), without "
          "monitor.evaluation(): beyond the 5 s step budget", "unwrapped_eval", -1, (),
          quiet=25.0, release="current"),
+    Case("evaluation-in-step", "the same validation loop on rank 0 alone, inside the "
+         "step's block (the loop's whole body in `with monitor.step()`), while rank 1 "
+         "waits in the next step's all-reduce", "eval_in_step", 0, (), quiet=25.0),
+    Case("save-in-step", "the tutorial's torch.save into a slow filesystem (12 s) on rank "
+         "0, inside the step's block, while rank 1 waits in the next step's all-reduce",
+         "save_in_step", 0, (), quiet=25.0, release="current"),
     Case("evaluation-hangs", "every rank's evaluation hangs in a read of its validation "
          "shard from a shared filesystem (a read that never returns): no rank waits for "
          "another", "eval_hangs", -1, ("EvaluationStuck",), {"phase": "evaluating"},

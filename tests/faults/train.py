@@ -87,6 +87,8 @@ HANGS = ("frozen_compute", "hang_then_timeout", "hang_then_short_timeout", *WATC
 # short last one (a new shape), which dynamo compiles again: 12 s (recompile, a large
 # model's compile with inductor), or for ever (recompile_hangs).
 COMPILES = ("recompile", "recompile_hangs")
+# Rank 0's validation or torch.save inside the step's block (the loop's whole body in it)
+WORK_IN_STEP = ("eval_in_step", "save_in_step")
 RECOMPILE_SECONDS = 12.0
 CHECKPOINT_EVERY = int(os.environ.get("CHECKPOINT_EVERY", "50"))
 
@@ -191,7 +193,7 @@ STEP_BUDGET = 40.0 if FAULT in SHORT_TIMEOUTS else {"lifecycle": 20.0}.get(FAULT
 # The checkpoint budget: 5 s, so that a stuck save pages soon; the rank-0 saves' is a
 # real one's, far above the step budget, as a large model's save takes minutes.
 CHECKPOINT_BUDGET = {"rank0_save": 60.0, "unwrapped_save": 60.0, "upload": 60.0,
-                     "upload_subprocess": 60.0}.get(FAULT, 5.0)
+                     "upload_subprocess": 60.0, "save_in_step": 60.0}.get(FAULT, 5.0)
 # The compile budget: a real one's (30 m), except where the recompile hangs.
 COMPILE_BUDGET = {"recompile_hangs": 5.0}.get(FAULT, 1800.0)
 RANK0_SAVE_SECONDS = 12.0  # beyond the step budget (5 s) twice over
@@ -323,6 +325,15 @@ def main() -> int:
                 if fault_now:
                     inject_in_step()
                 current.loss = step_fn(x)
+                if armed.is_set() and FAULT in WORK_IN_STEP and rank == 0:
+                    # The loop's whole body in the step's block, as many scripts write it:
+                    # rank 0's periodic validation, or its torch.save, inside the step,
+                    # while the others go on into the next step's all-reduce.
+                    armed.clear()
+                    if FAULT == "eval_in_step":
+                        validate(model, batches)
+                    else:
+                        unwrapped_save(model, step, hangs=False)
                 time.sleep(step_seconds)
             last_step_done[0] = time.monotonic()
         except (torch.OutOfMemoryError, RuntimeError) as exc:
@@ -354,10 +365,7 @@ def main() -> int:
             # next step's all-reduce; with unwrapped_save_hangs, a write that never
             # returns (a hung mount, the GIL released).
             armed.clear()
-            with ThrottledFile(CHECKPOINT_DIR / f"unwrapped-{step}.pt",
-                               hangs=FAULT == "unwrapped_save_hangs") as out:
-                torch.save({"model": model.state_dict(), "optimizer": torch.zeros(1 << 20)},
-                           out)
+            unwrapped_save(model, step, hangs=FAULT == "unwrapped_save_hangs")
         if armed.is_set() and FAULT.startswith("upload") and rank == 0:
             # A save through the watched booster, then rank 0 alone uploads it (to an
             # object store, the Hub) before it goes on, longer than the step budget, while
@@ -379,13 +387,7 @@ def main() -> int:
             # no_grad, model.train(); longer than the step budget, and the monitor not
             # told (no monitor.evaluation()).
             armed.clear()
-            model.eval()
-            deadline = time.monotonic() + RANK0_SAVE_SECONDS
-            with torch.no_grad():
-                while time.monotonic() < deadline:
-                    model(next(batches))
-                    time.sleep(0.1)
-            model.train()
+            validate(model, batches)
         if armed.is_set() and FAULT == "eval_hangs":
             # Every rank's validation reads its shard from a shared filesystem that hangs:
             # no rank waits for another, each is stuck in its own read (GIL released).
@@ -538,6 +540,26 @@ def after_training(model: Any) -> None:
     """What a script does after its loop on rank 0: a final save, then an upload."""
     torch.save(model.state_dict(), CHECKPOINT_DIR / "final.pt")
     time.sleep(RANK0_SAVE_SECONDS)  # the upload
+
+
+def unwrapped_save(model: Any, step: int, hangs: bool) -> None:
+    """torch.save of the model into a slow filesystem (``ThrottledFile``), without
+    monitor.checkpoint() and not through the booster; ``hangs``: a write that never
+    returns."""
+    with ThrottledFile(CHECKPOINT_DIR / f"unwrapped-{step}.pt", hangs=hangs) as out:
+        torch.save({"model": model.state_dict(), "optimizer": torch.zeros(1 << 20)}, out)
+
+
+def validate(model: Any, batches: Any) -> None:
+    """A validation loop as most scripts write it (model.eval(), batches under no_grad,
+    model.train()), for ``RANK0_SAVE_SECONDS``; the monitor not told."""
+    model.eval()
+    deadline = time.monotonic() + RANK0_SAVE_SECONDS
+    with torch.no_grad():
+        while time.monotonic() < deadline:
+            model(next(batches))
+            time.sleep(0.1)
+    model.train()
 
 
 def save(booster: Any, model: Any, path: Path) -> None:

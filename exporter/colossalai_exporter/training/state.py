@@ -45,12 +45,13 @@ class Budgets:
     """How long each phase may go without progress before it counts as stalled.
 
     ``step`` is learned unless fixed: ``step_factor`` × the longest of the last
-    128 step durations, never below ``step_floor`` (nvidia-resiliency-ext learns
-    about 5 × the longest interval). Until a step has completed the ``startup``
-    budget applies (model load, the first step's warm-up, torch.compile's first
-    compile); a kernel load or JIT build (phase ``kernels``) has its own, ``kernels``,
-    and so does a torch.compile recompile later in the run (phase ``compiling``,
-    training/unannounced.py), ``compile``.
+    128 step durations (the first step's only until a second completes; a step that
+    held unannounced work is forgotten, training/unannounced.py), never below
+    ``step_floor`` (nvidia-resiliency-ext learns about 5 × the longest interval).
+    Until a step has completed the ``startup`` budget applies (model load, the first
+    step's warm-up, torch.compile's first compile); a kernel load or JIT build (phase
+    ``kernels``) has its own, ``kernels``, and so does a torch.compile recompile later
+    in the run (phase ``compiling``, training/unannounced.py), ``compile``.
     """
 
     step: float | None = None
@@ -159,9 +160,30 @@ class RankState:
         self.info: dict[str, str] = {}
 
     def longest_recent_step(self) -> float | None:
-        if self.steps == 0:
+        """The longest of the last 128 steps' durations (step ``n`` is at ``recent[(n -
+        1) % 128]``), None before any. The first step (the warm-up, the first compile:
+        minutes, under the start-up budget) counts only while it is the only one; it
+        would otherwise stretch the next 127 steps' budget to five times itself."""
+        steps = self.steps
+        if steps == 0:
             return None
-        return max(self.recent[: min(self.steps, RECENT_STEPS)])
+        if steps == 1:
+            return self.recent[0]
+        if steps <= RECENT_STEPS:
+            longest = max(self.recent[1:steps])
+            # every later step forgotten (forget_step): the first is all there is
+            return longest if longest > 0.0 else self.recent[0]
+        return max(self.recent)
+
+    def forget_step(self, number: int) -> None:
+        """Leave step ``number`` (1-based, completed) out of the learned budget: it held
+        work with a budget of its own (an evaluation, a save, a recompile inside it, or
+        between two ``step_done()`` calls), and five times its duration is no step's
+        budget. Its duration stays in the histogram. Called off the training thread: a
+        step completing meanwhile writes another slot, unless 128 steps went by, which
+        the check leaves alone."""
+        if 0 <= self.steps - number < RECENT_STEPS and number > 0:
+            self.recent[(number - 1) & (RECENT_STEPS - 1)] = 0.0
 
     def snapshot(self, budgets: Budgets, now: float | None = None) -> Snapshot:
         """A copy of the state, with the current budget and stall judgement."""
