@@ -39,9 +39,11 @@ from colossalai_exporter.rulesgen.training_hangs import hang_suspects
 from colossalai_exporter.rulesgen.training_heartbeats import heartbeats_failing
 from colossalai_exporter.rulesgen.training_pace import recording, stragglers
 from colossalai_exporter.rulesgen.training_stalls import (
+    ANSWERED_SERVERS,
     BUSY_RUNS,
     REPORTED_RANKS,
     UNSTARTED_RUNS,
+    answered_servers,
     busy_runs,
     checkpoint_stuck,
     compile_stuck,
@@ -93,6 +95,7 @@ def training(config: RulesConfig) -> RuleFile:
         checkpoint_overdue(rank_servers, thresholds.checkpoint_interval),
         *stragglers(rank_servers, node_agents, thresholds),
         kernels_not_ready(rank_servers, config.for_["KernelsNotReady"]),
+        Recording(ANSWERED_SERVERS, answered_servers(rank_servers)),
         never_started(rank_servers, node_agents, thresholds.training_never_started_after),
         *heartbeats_failing(rank_servers, thresholds.heartbeat_failing_after),
     ), interval=str(thresholds.training_slow_evaluation_interval))

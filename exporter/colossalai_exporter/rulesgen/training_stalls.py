@@ -295,6 +295,30 @@ def ranks_missing(node_agents: Selector) -> Alert:
 #: longer than Prometheus' head block: every minute it reads this much of every training
 #: target's `up` (4,096 targets where every rank serves), from memory.
 NEVER_UP_WINDOW = "2h"
+#: The prolog's rank server targets that have answered once, for as long as the target
+#: is there: one series a target, latched (each evaluation reads its own last one).
+ANSWERED_SERVERS = "job_instance_slurm_job_id:colossalai_training_rank_server:answered"
+
+
+def answered_servers(rank_servers: Selector) -> str:
+    """A Slurm job's rank server that answered once, then died, with the job running on
+    (a wedged node, a launcher waiting on a dead rank): past NEVER_UP_WINDOW its `up`
+    has been 0 for the whole window, and TrainingNeverStarted alone would call it a job
+    that never started. The latch keeps what the window forgets: the rule reads its own
+    series of the last evaluation (within the 5-minute lookback, so its group's interval
+    must be shorter: the slow group's is 1m), and drops it with the target (the
+    epilog). A Prometheus down for more than 5 minutes forgets it; the window still
+    holds the last two hours."""
+    target = rank_servers("up", 'slurm_job_id!=""')
+    return expr(f"""
+        max by (job, instance, slurm_job_id) ({target} == 1)
+        or
+        (
+          {ANSWERED_SERVERS}
+          and on (job, instance, slurm_job_id)
+            {target}
+        )
+    """)
 
 
 def never_started(rank_servers: Selector, node_agents: Selector, after: Duration) -> Alert:
@@ -319,6 +343,8 @@ def never_started(rank_servers: Selector, node_agents: Selector, after: Duration
             max_over_time({target}[{NEVER_UP_WINDOW}]) == 0
             and on (job, instance, slurm_job_id)
               ({target} offset {after})
+            unless on (job, instance, slurm_job_id)
+              {ANSWERED_SERVERS}
             unless on (slurm_job_id)
               {node_agents(INFO, 'slurm_job_id!=""')}
         """),
