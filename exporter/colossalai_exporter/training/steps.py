@@ -120,8 +120,9 @@ class StepCounter:
 
     def completed(self, duration: float, samples: int, tokens: int, loss: Any) -> None:
         state = self.state
-        steps = state.steps + 1
-        state.recent[(steps - 1) & _RING_MASK] = duration  # step n at (n - 1) % 128
+        done = state.steps
+        steps = done + 1
+        state.recent[done & _RING_MASK] = duration  # step n at (n - 1) % 128
         state.hist[bisect_left(STEP_BUCKETS, duration)] += 1
         state.duration_sum += duration
         cap = self.cap
