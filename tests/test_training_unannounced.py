@@ -89,15 +89,13 @@ def test_an_evaluation_in_eval_mode_is_phase_evaluating_until_the_next_step(
         monitor.close()
 
 
-def test_a_save_outside_a_step_is_phase_checkpointing_until_the_next_step(
-        tmp_path: Path, short_idle: None) -> None:
-    """The tutorial's save without monitor.checkpoint(): torch.save on the training
-    thread, into a file that takes a while to write (a slow filesystem). The file's
-    write waits, inside torch.save, until the snapshot says checkpointing."""
+def save_slowly(tmp_path: Path) -> Snapshot:
+    """torch.save on the training thread into a file that takes a while to write (a slow
+    filesystem): its write waits, inside torch.save, until the snapshot says
+    checkpointing; that snapshot."""
     require(importlib.util.find_spec("torch") is not None, "torch (scripts/install-dev.sh)")
     import torch
 
-    monitor = watched(tmp_path, SimpleNamespace(training=True))
     seen: list[Snapshot] = []
 
     class SlowFile(io.RawIOBase):
@@ -111,10 +109,18 @@ def test_a_save_outside_a_step_is_phase_checkpointing_until_the_next_step(
                 seen.append(on_disk(tmp_path))
             return len(memoryview(data).cast("B"))
 
+    torch.save({"weight": torch.zeros(4)}, SlowFile())
+    return seen[0]
+
+
+def test_a_save_outside_a_step_is_phase_checkpointing_until_the_next_step(
+        tmp_path: Path, short_idle: None) -> None:
+    """The tutorial's save without monitor.checkpoint(), into a slow filesystem."""
+    monitor = watched(tmp_path, SimpleNamespace(training=True))
     try:
-        torch.save({"weight": torch.zeros(4)}, SlowFile())
-        since_last_step_with_budget(seen[0], 1200.0)  # the checkpoint budget
-        assert seen[0].checkpoint.last_success is None  # not counted: outcome unknown
+        seen = save_slowly(tmp_path)
+        since_last_step_with_budget(seen, 1200.0)  # the checkpoint budget
+        assert seen.checkpoint.last_success is None  # not counted: outcome unknown
         back_to_training_at_the_next_step(monitor, tmp_path)
     finally:
         monitor.close()
@@ -316,28 +322,12 @@ def test_a_save_inside_a_step_is_phase_checkpointing(
         tmp_path: Path, short_idle: None) -> None:
     """The tutorial's torch.save inside the step's block (``if step % 500 == 0``), into a
     slow filesystem: checkpointing, with the checkpoint budget, from the last step."""
-    require(importlib.util.find_spec("torch") is not None, "torch (scripts/install-dev.sh)")
-    import torch
-
     monitor = watched(tmp_path, SimpleNamespace(training=True))
-    seen: list[Snapshot] = []
-
-    class SlowFile(io.RawIOBase):
-        def writable(self) -> bool:
-            return True
-
-        def write(self, data: Any) -> int:
-            if not seen:
-                wait_until(lambda: on_disk(tmp_path).phase == "checkpointing", timeout=30,
-                           interval=0.02, what="phase checkpointing during torch.save")
-                seen.append(on_disk(tmp_path))
-            return len(memoryview(data).cast("B"))
-
     try:
         with monitor.step():
-            torch.save({"weight": torch.zeros(4)}, SlowFile())
-        since_last_step_with_budget(seen[0], 1200.0)  # the checkpoint budget
-        assert seen[0].steps == 3  # the step that saved is still in flight
+            seen = save_slowly(tmp_path)
+        since_last_step_with_budget(seen, 1200.0)  # the checkpoint budget
+        assert seen.steps == 3  # the step that saved was still in flight
         back_to_training_at_the_next_step(monitor, tmp_path)
     finally:
         monitor.close()
