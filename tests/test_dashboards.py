@@ -281,6 +281,8 @@ def test_queries_use_only_catalogued_metrics_and_existing_recording_rules() -> N
                     hangs.WAITING_RUNS, stalls.BUSY_RUNS,
                     # the runs whose world has ranks that never reported, for an alert
                     stalls.REPORTED_RANKS, stalls.UNSTARTED_RUNS,
+                    # the prolog's rank servers that answered once, for an alert
+                    stalls.ANSWERED_SERVERS,
                     # the stalled ranks' last collectives, compared by an alert
                     hangs.LAST_COLLECTIVES,
                     # the ranks down, stalled and lost, each read once for the alerts
