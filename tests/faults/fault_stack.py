@@ -45,8 +45,11 @@ from prometheus_helpers import (
 INTERVAL = 1.0  # Prometheus' scrape and evaluation interval in the suite
 # The documented override mechanism (docs/rules.md): shorter `for` windows, so that
 # each case pages within seconds; the rules themselves are the shipped ones. Their order
-# is the shipped one too: a frozen rank "waits least" from the moment it freezes, and
-# the straggler rule leaves a stalled run alone, so TrainingStraggler's window must
+# is the shipped one too, 5 s for 30 s and 10 s for a minute: with the stuck phases at
+# 2 s, ahead of TrainingStalled, the suite proved that a recompile stuck on rank 1 paged
+# alone, where the shipped windows paged rank 0, waiting for it, as stalled 30 s before
+# CompileStuck named rank 1. And a frozen rank "waits least" from the moment it freezes,
+# and the straggler rule leaves a stalled run alone, so TrainingStraggler's window must
 # outlast the 5 s step budget (and the scrape that sees it run out) as its shipped 10m
 # outlasts real budgets; at 5 s a loaded run paged a hang's culprit as a straggler first.
 # The slower group of training alerts (every minute when shipped) runs at the suite's
@@ -59,11 +62,11 @@ for:
   TrainingStalled: 5s
   TrainingHangSuspect: 0s
   TrainingStraggler: 15s
-  TrainingStartupStuck: 2s
-  TrainingRanksMissing: 2s
-  CheckpointStuck: 2s
-  CompileStuck: 2s
-  EvaluationStuck: 2s
+  TrainingStartupStuck: 10s
+  TrainingRanksMissing: 10s
+  CheckpointStuck: 10s
+  CompileStuck: 10s
+  EvaluationStuck: 10s
   TrainingRankDown: 10s
   TrainingNodeLost: 10s
   NCCLRendezvousDown: 10s

@@ -378,7 +378,7 @@ CASES = [
          {"rank": "1", "phase": "compiling"},
          ("has been in phase compiling for", "a torch.compile recompile that does not "
           "finish", "It is in compile at train.py:", "in compile_backend (threading.py:",
-          "while 1 other rank(s) wait in backward"), muted=("TrainingStalled",)),
+          "while 1 other rank(s) wait in backward")),
     Case("rank0-save-every-rank-serves", "the tutorial's save of 12 s on rank 0 alone, as "
          "above, in a run where every rank serves /metrics (serve=\"local\"): rank 1's own "
          "server reports it stalled while it waits", "rank0_save", 0, (), quiet=25.0,
@@ -398,6 +398,17 @@ CASES = [
     Case("evaluation-in-step", "the same validation loop on rank 0 alone, inside the "
          "step's block (the loop's whole body in `with monitor.step()`), while rank 1 "
          "waits in the next step's all-reduce", "eval_in_step", 0, (), quiet=25.0),
+    Case("evaluation-in-step-hangs", "rank 0's validation inside the step's block hangs "
+         "in a read of its shard (a read that never returns) while rank 1 waits in the "
+         "next step's all-reduce; once paged, the job is stopped (SIGTERM to torchrun): "
+         "the rank that ended in its evaluation is not paged as stuck after its end",
+         "eval_in_step_hangs", 0, ("TrainingHangSuspect", "TrainingRankDown"),
+         {"rank": "0", "cause": "outside_collective"},
+         ("is the rank the others wait for", "in compute at train.py:",
+          "in read_validation_shard while 1 other rank(s) wait in"),
+         later={"TrainingRankDown": ("hung: it stayed in phase evaluating for",
+                                     "in read_validation_shard", "then it received SIGTERM")},
+         muted=("EvaluationStuck",), then="stop", release="current"),
     Case("save-in-step", "the tutorial's torch.save into a slow filesystem (12 s) on rank "
          "0, inside the step's block, while rank 1 waits in the next step's all-reduce",
          "save_in_step", 0, (), quiet=25.0, release="current"),

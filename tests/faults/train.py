@@ -88,7 +88,7 @@ HANGS = ("frozen_compute", "hang_then_timeout", "hang_then_short_timeout", *WATC
 # model's compile with inductor), or for ever (recompile_hangs).
 COMPILES = ("recompile", "recompile_hangs")
 # Rank 0's validation or torch.save inside the step's block (the loop's whole body in it)
-WORK_IN_STEP = ("eval_in_step", "save_in_step")
+WORK_IN_STEP = ("eval_in_step", "save_in_step", "eval_in_step_hangs")
 RECOMPILE_SECONDS = 12.0
 CHECKPOINT_EVERY = int(os.environ.get("CHECKPOINT_EVERY", "50"))
 
@@ -198,7 +198,7 @@ CHECKPOINT_BUDGET = {"rank0_save": 60.0, "unwrapped_save": 60.0, "upload": 60.0,
 COMPILE_BUDGET = {"recompile_hangs": 5.0}.get(FAULT, 1800.0)
 RANK0_SAVE_SECONDS = 12.0  # beyond the step budget (5 s) twice over
 # The evaluation budget: a real one's (an hour), except where the evaluation hangs.
-EVALUATION_BUDGET = {"eval_hangs": 5.0}.get(FAULT, 3600.0)
+EVALUATION_BUDGET = {"eval_hangs": 5.0, "eval_in_step_hangs": 5.0}.get(FAULT, 3600.0)
 # The start-up budget: a real one's (model set-up, the rendezvous), except where the
 # start-up itself is the failure.
 # Where the master node is missing, a budget longer than the rendezvous alert's `for`
@@ -330,8 +330,8 @@ def main() -> int:
                     # rank 0's periodic validation, or its torch.save, inside the step,
                     # while the others go on into the next step's all-reduce.
                     armed.clear()
-                    if FAULT == "eval_in_step":
-                        validate(model, batches)
+                    if FAULT.startswith("eval_in_step"):
+                        validate(model, batches, hangs=FAULT == "eval_in_step_hangs")
                     else:
                         unwrapped_save(model, step, hangs=False)
                 time.sleep(step_seconds)
@@ -550,13 +550,16 @@ def unwrapped_save(model: Any, step: int, hangs: bool) -> None:
         torch.save({"model": model.state_dict(), "optimizer": torch.zeros(1 << 20)}, out)
 
 
-def validate(model: Any, batches: Any) -> None:
+def validate(model: Any, batches: Any, hangs: bool = False) -> None:
     """A validation loop as most scripts write it (model.eval(), batches under no_grad,
-    model.train()), for ``RANK0_SAVE_SECONDS``; the monitor not told."""
+    model.train()), for ``RANK0_SAVE_SECONDS``; the monitor not told. ``hangs``: its
+    shard's read from a shared filesystem never returns."""
     model.eval()
     deadline = time.monotonic() + RANK0_SAVE_SECONDS
     with torch.no_grad():
         while time.monotonic() < deadline:
+            if hangs:
+                read_validation_shard()
             model(next(batches))
             time.sleep(0.1)
     model.train()

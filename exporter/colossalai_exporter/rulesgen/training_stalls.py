@@ -93,11 +93,35 @@ def waiting_for_the_dead(rank_servers: Selector, node_agents: Selector) -> str:
     return f"{block(stalled_waiting(rank_servers))}\nand on (run)\n  {ended}"
 
 
+def waiting_for_own_phase(rank_servers: Selector, node_agents: Selector) -> str:
+    """The stalled ranks that wait in a collective (rank servers' view) in runs where a
+    live rank is in a phase with a budget and an alert of its own (BUSY: a save, an
+    evaluation, a recompile, start-up), within that budget or beyond it.
+
+    Within it, the busy rank's budget decides (waiting_for_busy). Beyond it, its own
+    alert names it (CheckpointStuck, CompileStuck, TrainingStartupStuck; an evaluation
+    that others wait for, TrainingHangSuspect), and the waiting ranks are its
+    consequence. Left to Alertmanager's inhibition, the consequence paged first: the
+    shipped `for` of TrainingStalled (30s) is half of the stuck phases' (1m), so a rank
+    waiting behind a save stuck in a hung mount paged as the culprit 30 seconds before
+    CheckpointStuck named the saver (the fault suite, whose shortened windows had put
+    the cause first, now keeps the shipped order). A rank that died in such a phase
+    counts no more (its exit has its own page, waiting_for_the_dead)."""
+    def in_own_phase(view: Selector, gone: str) -> str:
+        return f"{in_phase(view, BUSY)}{gone}"
+
+    gone = f"\nunless on (job, instance, rank)\n  {node_agents(EXIT)}"
+    runs = runs_with(with_run(f"{in_own_phase(node_agents, gone)}\nor\n"
+                              f"{in_own_phase(rank_servers, '')}"))
+    return f"{block(stalled_waiting(rank_servers))}\nand on (run)\n{block(runs)}"
+
+
 def stalled(rank_servers: Selector, node_agents: Selector) -> Alert:
     """TrainingStalled: a rank in phase training with no step within its step budget,
-    unless it waits in a collective for a rank of its run that is busy within its own
-    budget (waiting_for_busy) or ended in a way its own page names
-    (waiting_for_the_dead), or its run's loop is over (after_the_loop)."""
+    unless it waits in a collective for a rank of its run that is in a phase of its own,
+    busy within its budget or stuck beyond it (waiting_for_own_phase), or that ended in
+    a way its own page names (waiting_for_the_dead), or its run's loop is over
+    (after_the_loop)."""
     phase_start = rank_servers(PHASE_START)
     # Time in phase training without a step: since the last step, or since the
     # rank (re-)entered training (after start-up or a checkpoint), whichever is later.
@@ -120,7 +144,7 @@ def stalled(rank_servers: Selector, node_agents: Selector) -> Alert:
     return Alert(
         "TrainingStalled",
         f"{block(with_run(only_in_phase(rank_servers, without_step, TRAINING)))}\n"
-        f"unless on (run, rank)\n{block(waiting_for_busy(stalled_waiting(rank_servers)))}\n"
+        f"unless on (run, rank)\n{block(waiting_for_own_phase(rank_servers, node_agents))}\n"
         f"unless on (run, rank)\n{block(waiting_for_the_dead(rank_servers, node_agents))}\n"
         f"unless on (run)\n{block(after_the_loop(rank_servers, node_agents))}",
         "critical", "A training rank has made no step for longer than its step budget.",
@@ -215,7 +239,12 @@ def over_budget_in(phases: tuple[str, ...], rank_servers: Selector,
         return (f"{stalled_now(view)}\n* ignoring (phase) group_left (phase)\n"
                 f"  ({in_phase(view, matcher)})")
 
-    return on_any_rank(over_budget, rank_servers, node_agents, run_from=TROUBLED_RUN)
+    # A rank whose process is gone is not stuck: the node agent serves its last
+    # snapshot, judged now, until it forgets it, and a rank that died in the phase
+    # (a hung evaluation's rank ended by scancel) paged as stuck after its end.
+    # TrainingRankDown names how it ended.
+    return (f"{block(on_any_rank(over_budget, rank_servers, node_agents, run_from=TROUBLED_RUN))}"
+            f"\nunless on (job, instance, rank)\n  {node_agents(EXIT)}")
 
 
 def phase_over_budget(name: str, phases: tuple[str, ...], summary: str, description: str,
