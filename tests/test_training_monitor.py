@@ -531,19 +531,22 @@ def test_settings_resolve_the_options_against_the_environment(
     for name, value in {"RANK": "3", "LOCAL_RANK": "1", "WORLD_SIZE": "8",
                         "COLOSSALAI_EXPORTER_PORT": "9100", "COLOSSALAI_EXPORTER_SERVE": "local",
                         "STEP_HEARTBEAT_URL": "https://hb.example/step", "NVME_PATH": "/nvme",
-                        "TORCHELASTIC_RUN_ID": "llama-70b"}.items():
+                        "TORCHELASTIC_RUN_ID": "llama-70b",
+                        "COLOSSALAI_EXPORTER_HOST": "127.0.0.1"}.items():
         monkeypatch.setenv(name, value)
     settings = MonitorSettings.resolve(run_dir=tmp_path, step_timeout=30.0)
     assert (settings.rank, settings.local_rank, settings.world_size) == (3, 1, 8)
     assert (settings.serve, settings.serves, settings.server_port) == ("local", True, 9101)
+    assert settings.host == "127.0.0.1"  # the rank server kept on loopback
     assert settings.run_dir == tmp_path and settings.run_id == "llama-70b"
     assert settings.budgets.step == 30.0 and settings.nvme_paths == ("/nvme",)
     assert settings.step_heartbeat_url is None  # rank 3: only rank 0 sends by default
     assert MonitorSettings.resolve(heartbeat_all_ranks=True).step_heartbeat_url == \
         "https://hb.example/step"
     # what is given wins over the environment; a serve mode that does not exist serves none
-    given = MonitorSettings.resolve(rank=0, port=8000, serve="everywhere", run_dir=False)
-    assert (given.rank, given.port, given.serve, given.serves, given.run_dir) == (
-        0, 8000, "none", False, None)
+    given = MonitorSettings.resolve(rank=0, port=8000, serve="everywhere", run_dir=False,
+                                    host="::1")
+    assert (given.rank, given.port, given.serve, given.serves, given.run_dir, given.host) == (
+        0, 8000, "none", False, None, "::1")
     monitor = quiet(tmp_path, rank=0, start=False)
     assert monitor.settings.rank == monitor.rank == 0

@@ -83,7 +83,7 @@ class TrainingMonitor:
     * ``serve``: ``"rank0"`` (default), ``"local"`` (every rank, on ``port`` +
       local rank) or ``"none"``; ``COLOSSALAI_EXPORTER_SERVE``.
     * ``port`` (8766, ``COLOSSALAI_EXPORTER_PORT``), ``host`` ("0.0.0.0": Prometheus
-      scrapes it from another host, as every exporter).
+      scrapes it from another host, as every exporter; ``COLOSSALAI_EXPORTER_HOST``).
     * ``web_config``: the exporter web config file (TLS, client certificates, bcrypt
       basic auth) that the node agent, prober and bridge take with
       ``--web.config.file`` (``COLOSSALAI_EXPORTER_WEB_CONFIG``); a file that cannot
@@ -116,7 +116,7 @@ class TrainingMonitor:
         world_size: int | None = None,
         serve: str | None = None,
         port: int | None = None,
-        host: str = "0.0.0.0",
+        host: str | None = None,
         web_config: str | os.PathLike[str] | None = None,
         run_dir: str | os.PathLike[str] | bool | None = True,
         budgets: Budgets | None = None,

@@ -136,7 +136,7 @@ class MonitorSettings:
         world_size: int | None = None,
         serve: str | None = None,
         port: int | None = None,
-        host: str = "0.0.0.0",
+        host: str | None = None,
         web_config: str | os.PathLike[str] | None = None,
         run_dir: str | os.PathLike[str] | bool | None = True,
         budgets: Budgets | None = None,
@@ -182,7 +182,7 @@ class MonitorSettings:
             serve=mode,
             port=port if port is not None else (
                 env_int("COLOSSALAI_EXPORTER_PORT") or DEFAULT_PORT),
-            host=host,
+            host=host or env.get("COLOSSALAI_EXPORTER_HOST") or "0.0.0.0",
             web_config=os.fspath(web) if web else None,
             run_dir=directory,
             budgets=dataclasses.replace(budgets or Budgets(), **overrides),
