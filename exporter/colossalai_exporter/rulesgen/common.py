@@ -91,6 +91,15 @@ NOT_FINISHED = phase_is_not("finished")
 ENDED = phase_is("finished", "failed")
 
 
+# The phases with a budget and an alert of their own (TrainingStartupStuck,
+# CheckpointStuck, EvaluationStuck, CompileStuck) that one rank can be in while the
+# others wait for it in training: a save or an evaluation on one rank only (the tutorial
+# saves from rank 0 alone), a kernel loaded on first use, a recompile of one rank's graph
+# (its shapes changed). Not finished or failed: a rank that ended while others wait for
+# it is the incident (TrainingHangSuspect, TrainingRankDown).
+BUSY = phase_is("init", "kernels", "checkpointing", "evaluating", "compiling")
+
+
 def in_phase(view: Selector, matcher: str) -> str:
     """The ranks of ``view`` in a phase of ``matcher`` now (the phase series is 1)."""
     return f"{view(PHASE, matcher)} == 1"

@@ -57,7 +57,8 @@ __all__ = [
 # rank-down it explains, and itself follows from a named cause (a checkpoint stuck in
 # torch.save leaves that rank outside any collective while the others wait).
 SPECIFIC_CAUSE_ALERTS = ("GeminiOutOfMemory", "KernelBuildFailed", "CheckpointFailing",
-                         "CheckpointStuck", "CompileStuck", "TrainingRankOOMKilled",
+                         "CheckpointStuck", "CompileStuck", "EvaluationStuck",
+                         "TrainingRankOOMKilled",
                          "TrainingNodeLost",
                          "GPUXidCritical", "GPURecoveryActionRequired", "GPURowRemapFailure",
                          "GPUNVLinkDown", "GPUEccUncorrectable", "InfiniBandPortDown",
@@ -72,7 +73,7 @@ RANK_KILLING_ALERTS = ("TrainingRankOOMKilled", "TrainingNodeLost", "GPUXidCriti
                        "GPURecoveryActionRequired", "GPURowRemapFailure", "GPUNVLinkDown",
                        "GPUEccUncorrectable", "InfiniBandPortDown", "InfiniBandPortsMissing")
 CONSEQUENCE_ALERTS = ("TrainingRankDown", "TrainingStalled", "NCCLRendezvousDown",
-                      "TrainingStartupStuck", "EvaluationStuck", "KernelsNotReady")
+                      "TrainingStartupStuck", "KernelsNotReady")
 
 
 def build(config: RulesConfig) -> tuple[RuleFile, ...]:

@@ -23,6 +23,7 @@ from colossalai_exporter.rankstate.schema import WAITING as WAITING_ACTIVITIES
 from colossalai_exporter.rulesgen.common import (
     ACTIVITY,
     AGENT_RANKS,
+    BUSY,
     FINISHED,
     INFO,
     LOST_RANKS,
@@ -126,6 +127,14 @@ def killed_or_frozen(node_agents: Selector) -> Alert:
                    f"{snapshot_age()} (frozen in a C call holding the GIL, or stopped)"))
     gone = (f"{down(node_agents)}\nunless on (job, instance, rank)\n"
             f"  {node_agents(EXIT, NOT_CAUSE_EXITS)}")
+    # A live rank frozen in a phase with a budget of its own (torch.save and torch.load
+    # write and read in C++ holding the GIL: a large shard on slow storage freezes the
+    # publisher for minutes) is that phase's: its budget decides, and past it its stuck
+    # alert names it (CheckpointStuck: "It is in compute at … in save"). Paged here, a
+    # healthy save paged a minute in, and a hung one paged before its cause.
+    busy_frozen = (f"{in_phase(node_agents, BUSY)}\nunless on (job, instance, rank)\n"
+                   f"  {node_agents(EXIT)}")
+    gone = f"{gone}\nunless on (job, instance, rank)\n{block(busy_frozen)}"
     left_them_failing = left_early(node_agents, node_agents(EXIT, PEER_FAILED))
     return Alert(
         "TrainingRankDown",

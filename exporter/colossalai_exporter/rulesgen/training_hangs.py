@@ -66,7 +66,7 @@ WAITING = label_is("activity", *WAITING_ACTIVITIES)
 NOT_WAITING = label_is_not("activity", *WAITING_ACTIVITIES)
 # A rank in one of these is busy with something of its own (starting, a checkpoint) or
 # has ended: not waiting for the others, and not stepping.
-OWN_PHASES = phase_is(*(p for p in PHASES if p not in ("training", "evaluating")))
+OWN_PHASES = phase_is(*(p for p in PHASES if p != "training"))
 PROBLEM = "colossalai_nccl_rank_problem_info"
 # What NCCL's RAS says of a rank it can reach, and of one it cannot.
 BROKEN = label_is("problem", "behind", "aborted", "async_error")
@@ -94,9 +94,10 @@ def answering(view: Selector, vector: str) -> str:
 
 
 def outside_own_phases(view: Selector, vector: str) -> str:
-    """``vector`` less the ranks in start-up or a checkpoint, which have their own budget
-    and alert that say more (TrainingStartupStuck, CheckpointStuck), and the finished
-    and failed ones, which wait for no one."""
+    """``vector`` less the ranks in start-up, a checkpoint, an evaluation or a recompile,
+    which have their own budget and alert that say more (TrainingStartupStuck,
+    CheckpointStuck, EvaluationStuck, CompileStuck), and the finished and failed ones,
+    which wait for no one."""
     # on (job, instance, rank), not ignoring (phase): the vectors this excludes from
     # carry labels of their own (activity, pg) that the phase series lacks.
     return f"{vector}\nunless on (job, instance, rank)\n  {in_phase(view, OWN_PHASES)}"

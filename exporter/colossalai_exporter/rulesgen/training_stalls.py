@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from colossalai_exporter.rulesgen.common import (
     ACTIVITY,
+    BUSY,
     FINISHED,
     INFO,
     RANK,
@@ -62,13 +63,6 @@ def _budget() -> str:
     """The rank's budget for its phase, e.g. "10m"."""
     return query(BUDGET, RANK, "value | humanizeDuration")
 
-
-# The phases with a budget of their own that one rank can be in while the others wait
-# for it in training: a save or an evaluation on one rank only (the tutorial saves from
-# rank 0 alone), a kernel loaded on first use, a recompile of one rank's graph (its
-# shapes changed). Not finished or failed: a rank that ended while others wait for it is
-# the incident (TrainingHangSuspect, TrainingRankDown).
-BUSY = phase_is("init", "kernels", "checkpointing", "evaluating", "compiling")
 
 
 #: The ends of a rank that its own page names (TrainingRankDown: killed, failed of its
@@ -425,14 +419,18 @@ def compile_stuck(rank_servers: Selector, node_agents: Selector) -> Alert:
 def evaluation_stuck(rank_servers: Selector, node_agents: Selector) -> Alert:
     """EvaluationStuck: an evaluation beyond the evaluation budget, on a rank that does not
     wait in a collective for another rank of its run that is stuck, down
-    (waiting_for_another) or busy within its budget (waiting_for_busy).
+    (waiting_for_another) or busy within its budget (waiting_for_busy). A cause alert,
+    as CheckpointStuck and CompileStuck: the ranks that wait for the evaluation are its
+    consequence (TrainingStalled leaves them out, TrainingHangSuspect names no rank in
+    a phase of its own).
 
     Without it a hang inside an evaluation paged nobody: TrainingStalled reads phase
     training only, and TrainingHangSuspect needs ranks that wait for the one it names,
     so every rank stuck in its own part of the evaluation (a validation read from a
-    shared filesystem that hangs, a generation loop that never ends) was silent. A
-    rank stuck while the others wait for it is TrainingHangSuspect's, which mutes this
-    alert (a consequence)."""
+    shared filesystem that hangs, a generation loop that never ends) was silent. It was
+    once a consequence, muted by TrainingHangSuspect naming the evaluating rank: when a
+    hung job was stopped, the waiting ranks ended first, TrainingHangSuspect resolved,
+    and this paged the hung rank a second time in the moment before its own end."""
     return phase_over_budget(
         "EvaluationStuck", ("evaluating",), "An evaluation has run longer than its budget.",
         over_budget_text("an evaluation that does not finish")
