@@ -914,7 +914,8 @@ def render_table(rows: list[Row]) -> str:
         "About half the cases run on Debian bookworm's Prometheus and Alertmanager, the",
         "others on Debian testing's (Prometheus 3, a current Alertmanager); *stack* says",
         "which, and the healthy run runs on both.",
-        "Regenerate with `COLOSSALAI_FAULTS_DOCS=1 .venv/bin/python -m pytest tests/faults`.",
+        "Regenerate with `COLOSSALAI_FAULTS_DOCS=1 .venv/bin/python -m pytest -n 0 "
+        "tests/faults` (every case in one process).",
         "",
         "| failure | stack | paged | muted | seconds | what the page says |",
         "|---|---|---|---|---|---|",
