@@ -102,6 +102,13 @@ def _exits(node_agents: Selector, reasons: str) -> str:
     return block(node_agents(EXIT, reasons), "max without (reason, detail, collective)")
 
 
+def live_in_own_phase(node_agents: Selector) -> str:
+    """The live ranks (no exit judged) of the node agents' view in a phase with a budget
+    and an alert of its own (BUSY): that phase's budget decides about them."""
+    return (f"{in_phase(node_agents, BUSY)}\nunless on (job, instance, rank)\n"
+            f"  {node_agents(EXIT)}")
+
+
 def killed_or_frozen(node_agents: Selector) -> Alert:
     """TrainingRankDown from the node agent's outside view: a rank killed, failed of its
     own error, hung then ended, or frozen; not one that finished, was stopped by a
@@ -132,9 +139,7 @@ def killed_or_frozen(node_agents: Selector) -> Alert:
     # publisher for minutes) is that phase's: its budget decides, and past it its stuck
     # alert names it (CheckpointStuck: "It is in compute at … in save"). Paged here, a
     # healthy save paged a minute in, and a hung one paged before its cause.
-    busy_frozen = (f"{in_phase(node_agents, BUSY)}\nunless on (job, instance, rank)\n"
-                   f"  {node_agents(EXIT)}")
-    gone = f"{gone}\nunless on (job, instance, rank)\n{block(busy_frozen)}"
+    gone = f"{gone}\nunless on (job, instance, rank)\n{block(live_in_own_phase(node_agents))}"
     left_them_failing = left_early(node_agents, node_agents(EXIT, PEER_FAILED))
     return Alert(
         "TrainingRankDown",

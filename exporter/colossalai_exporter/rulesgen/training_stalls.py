@@ -48,7 +48,12 @@ from colossalai_exporter.rulesgen.promql import (
     query,
     with_first,
 )
-from colossalai_exporter.rulesgen.training_deaths import EXIT, FINISHED_EXIT, stalled_waiting
+from colossalai_exporter.rulesgen.training_deaths import (
+    EXIT,
+    FINISHED_EXIT,
+    live_in_own_phase,
+    stalled_waiting,
+)
 from colossalai_exporter.rulesgen.training_hangs import NOT_WAITING, waiting_ranks, waiting_text
 
 BUDGET = "colossalai_training_step_timeout_seconds"
@@ -93,20 +98,16 @@ def waiting_for_own_phase(rank_servers: Selector, node_agents: Selector) -> str:
     evaluation, a recompile, start-up), within that budget or beyond it.
 
     Within it, the busy rank's budget decides (waiting_for_busy). Beyond it, its own
-    alert names it (CheckpointStuck, CompileStuck, TrainingStartupStuck; an evaluation
-    that others wait for, TrainingHangSuspect), and the waiting ranks are its
-    consequence. Left to Alertmanager's inhibition, the consequence paged first: the
-    shipped `for` of TrainingStalled (30s) is half of the stuck phases' (1m), so a rank
-    waiting behind a save stuck in a hung mount paged as the culprit 30 seconds before
-    CheckpointStuck named the saver (the fault suite, whose shortened windows had put
-    the cause first, now keeps the shipped order). A rank that died in such a phase
-    counts no more (its exit has its own page, waiting_for_the_dead)."""
-    def in_own_phase(view: Selector, gone: str) -> str:
-        return f"{in_phase(view, BUSY)}{gone}"
-
-    gone = f"\nunless on (job, instance, rank)\n  {node_agents(EXIT)}"
-    runs = runs_with(with_run(f"{in_own_phase(node_agents, gone)}\nor\n"
-                              f"{in_own_phase(rank_servers, '')}"))
+    alert names it (CheckpointStuck, EvaluationStuck, CompileStuck,
+    TrainingStartupStuck), and the waiting ranks are its consequence. Left to
+    Alertmanager's inhibition, the consequence paged first: the shipped `for` of
+    TrainingStalled (30s) is half of the stuck phases' (1m), so a rank waiting behind a
+    stuck recompile paged as the culprit 30 seconds before CompileStuck named the rank
+    that recompiled (fault case recompile-hangs, once the suite's shortened windows kept
+    the shipped order). A rank that died in such a phase counts no more (its exit has
+    its own page, waiting_for_the_dead)."""
+    runs = runs_with(with_run(f"{live_in_own_phase(node_agents)}\nor\n"
+                              f"{in_phase(rank_servers, BUSY)}"))
     return f"{block(stalled_waiting(rank_servers))}\nand on (run)\n{block(runs)}"
 
 

@@ -70,16 +70,19 @@ class Phases:
         if self._publisher.started:
             self._publisher.publish_now()
 
-    def enter_unannounced(self, name: str, *, since: float, only_from: str) -> None:
+    def enter_unannounced(self, name: str, *, since: float, only_from: str) -> bool:
         """Enter ``name`` as of ``since`` (wall clock), if the phase is still ``only_from``,
         without publishing: for the publisher's own thread, in the publish that writes
         it (training/unannounced.py). The check and the change are one step against a
-        phase the training thread enters meanwhile (a checkpoint), which must win."""
+        phase the training thread enters meanwhile (a checkpoint), which must win. Whether
+        it entered."""
         with self._lock:
             state = self._state
-            if state.phase == only_from:
-                state.phase_start = since
-                state.phase = name
+            if state.phase != only_from:
+                return False
+            state.phase_start = since
+            state.phase = name
+            return True
 
     @contextlib.contextmanager
     def kernels(self) -> Iterator[None]:

@@ -123,8 +123,7 @@ class UnannouncedWork:
         phase = self._doing(where, in_step, eval_mode)
         if phase is not None:
             since = state.last_step
-            self._phases.enter_unannounced(phase, since=since, only_from="training")
-            if state.phase == phase and state.phase_start == since:
+            if self._phases.enter_unannounced(phase, since=since, only_from="training"):
                 self._entered = (phase, since)
                 self._forget = state.steps
                 self._eval_mode_in = None
