@@ -550,3 +550,44 @@ def test_settings_resolve_the_options_against_the_environment(
         0, 8000, "none", False, None, "::1")
     monitor = quiet(tmp_path, rank=0, start=False)
     assert monitor.settings.rank == monitor.rank == 0
+
+
+
+def test_a_stalled_rank_just_released_from_a_wait_has_no_place_until_a_budget_passes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank that waited for the others through a stall does the rest of its step still
+    stalled, outside any collective, while ranks not yet released still wait: it has no
+    place (no activity, so TrainingHangSuspect cannot name it) until it has been outside
+    any collective for a whole budget. A rank never seen waiting has its place at once."""
+    from types import SimpleNamespace
+
+    from colossalai_exporter.rankstate.schema import Activity
+    from colossalai_exporter.training import state as state_module
+
+    budget = 10.0
+    monitor = quiet(tmp_path, publish_interval=30.0, budgets=Budgets(step=budget))
+    compute = Activity(kind="compute", frame="train.py:40 in step")
+    waiting = Activity(kind="collective", frame="train.py:38 in step",
+                       collective="all_reduce")
+    place = [compute]
+    monitor._where = lambda: place[0]  # type: ignore[method-assign]
+    try:
+        with monitor.step():
+            pass
+        # The snapshots' clock, moved by the test: the judgement is of time, not speed.
+        clock = [time.time() + budget + 1.0]
+        monkeypatch.setattr(state_module, "time", SimpleNamespace(time=lambda: clock[0]))
+        snap = monitor.snapshot()
+        assert snap.stalled and snap.activity == compute  # never waited: the culprit's place
+        place[0] = waiting
+        assert monitor.snapshot().activity == waiting
+        place[0] = compute  # released: the rest of its step
+        clock[0] += 0.5
+        snap = monitor.snapshot()
+        assert snap.stalled and snap.activity is None, snap
+        clock[0] += budget - 1.0
+        assert monitor.snapshot().activity is None
+        clock[0] += 1.0  # outside any collective for a whole budget: frozen after its wait
+        assert monitor.snapshot().activity == compute
+    finally:
+        monitor.close()

@@ -235,6 +235,15 @@ class Stack:
                     paged.setdefault(alert["labels"]["alertname"], []).append((note.at, alert))
         return paged
 
+    def what_paged(self) -> list[str]:
+        """Every firing alert that reached the pager as on-call reads it (its labels, the
+        first line of its description): what a failed assertion must show, since a
+        flaky extra page is seldom reproduced."""
+        return [f"{note.at:.1f} {alert['labels']}: "
+                f"{alert['annotations'].get('description', '')[:400]}"
+                for note in self.pages() for alert in note.alerts
+                if alert["status"] == "firing"]
+
     def slack(self, alertname: str) -> list[Recorded]:
         return [r for r in self.receiver.received("/slack/")
                 if alertname in json.loads(r.body)["attachments"][0]["title"]]

@@ -391,6 +391,11 @@ CASES = [
     Case("solo-evaluation", "rank 1 alone evaluates for 12 s (beyond the 5 s step budget, "
          "within evaluation's) while rank 0, whose server the run serves, waits for it in "
          "the next step's all-reduce", "solo_eval", 1, (), quiet=25.0, release="current"),
+    Case("solo-evaluation-pairs", "4 ranks, each step an all-reduce in a pair, 1.5 s of "
+         "layers, then an all-reduce over all; rank 3 alone evaluates for 12 s while the "
+         "others wait: once it is back, rank 2, released from their pair's all-reduce, "
+         "computes those layers still stalled while ranks 0 and 1 wait for it in the "
+         "global one", "solo_eval_layers", 3, (), quiet=25.0, ranks=4, topology="pairs"),
     Case("unwrapped-evaluation", "a 12 s validation loop on every rank as most scripts "
          "write it (model.eval(), batches under no_grad, model.train()), without "
          "monitor.evaluation(): beyond the 5 s step budget", "unwrapped_eval", -1, (),
@@ -659,7 +664,8 @@ def test_the_failure_pages_with_its_cause_and_nothing_else(
         assert_every_notification_delivered(stack)
 
         paged = stack.paged()
-        assert set(paged) == set(case.pages), (paged.keys(), stack.job.log.read_text()[-3000:])
+        assert set(paged) == set(case.pages), "\n".join(
+            [*stack.what_paged(), "log:", stack.job.log.read_text()[-3000:]])
         row = Row(case, sorted(paged), 0.0, "", list(case.muted), watched)
         if case.pages:
             first_at, description = check_the_page(stack, case)
@@ -709,7 +715,7 @@ def test_a_healthy_run_pages_nobody(tmp_path: Path, release: str) -> None:
         assert stack.job.proc.wait(timeout=120) == 0, stack.job.log.read_text()[-3000:]
         watch_quietly(stack, case.quiet)
         assert_every_notification_delivered(stack)
-        assert stack.pages() == [], [a["labels"] for n in stack.pages() for a in n.alerts]
+        assert stack.pages() == [], "\n".join(stack.what_paged())
         unquiet = [a["labels"] for a in stack.prometheus.api("/api/v1/alerts")["alerts"]
                    if a["labels"]["alertname"] != "Watchdog"]
         assert unquiet == [], unquiet
@@ -765,8 +771,7 @@ def test_two_jobs_in_one_run_directory_are_paged_as_such(tmp_path: Path) -> None
         assert "its own COLOSSALAI_EXPORTER_RUN_DIR" in description, description
         title = json.loads(stack.slack("RankStateUnreadable")[0].body)["attachments"][0]["title"]
         assert f"127.0.0.1:{stack.agent.port}" in title, title
-        assert set(stack.paged()) == {"RankStateUnreadable"}, \
-            [a["labels"] for n in stack.pages() for a in n.alerts]
+        assert set(stack.paged()) == {"RankStateUnreadable"}, "\n".join(stack.what_paged())
         ROWS.append(Row(TWO_JOBS, ["RankStateUnreadable"], stack.pages()[0].at - at,
                         description, [], QUIET))
 

@@ -76,6 +76,7 @@ FAULT_RANK = int(os.environ.get("FAULT_RANK", "1"))
 TOPOLOGY = os.environ.get("TOPOLOGY", "booster")
 CHECKPOINT_DIR = Path(os.environ["CHECKPOINT_DIR"])
 STEP_SECONDS = 0.05  # stands in for the real work of a step
+LAYERS_SECONDS = 1.5  # solo_eval_layers: the compute between a step's two collectives
 # The hang_then_* faults' process group timeout: past the step budget, so the hang pages
 # first (and what it mutes fires, with room on a loaded machine). The short ones' is
 # within their budget (40 s, below): the run dies before the rank counts as stalled.
@@ -376,7 +377,7 @@ def main() -> int:
             saved = CHECKPOINT_DIR / f"upload-{step}.pt"
             save(booster, model, saved)
             upload(saved, hangs=FAULT == "upload_hangs", child=FAULT == "upload_subprocess")
-        if armed.is_set() and FAULT == "solo_eval":
+        if armed.is_set() and FAULT in ("solo_eval", "solo_eval_layers"):
             # An evaluation on one rank only (a rank that holds the validation set), as
             # long as the rank-0 save, while the others wait for it in the next step.
             armed.clear()
@@ -612,6 +613,11 @@ def collectives_step(model: Any, criterion: Any) -> Any:
                 dist.send(grad, 0)
         else:
             dist.all_reduce(grad, group=first)
+            if FAULT == "solo_eval_layers":
+                # The model's layers between the two collectives, every step: a rank
+                # released from the first after a long wait computes here, stalled,
+                # while the ranks released earlier wait for it in the second.
+                time.sleep(LAYERS_SECONDS)
             dist.all_reduce(grad, group=second)  # None: every rank
         return loss
     return step

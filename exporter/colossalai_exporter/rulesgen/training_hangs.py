@@ -279,6 +279,10 @@ def collectives_behind(rank_servers: Selector, node_agents: Selector) -> Alert:
     def behind(view: Selector) -> str:
         lower = block(f"{block(enqueued(view), 'max without (op)')}\n"
                       f"< on (run, pg) group_left ()\n{furthest}")
+        # A rank its place shows waiting waits: behind in one group because it waits in
+        # another for a rank that is not stalled (whose collectives are not served: a
+        # partner in an evaluation of its own).
+        lower = f"{lower}\nunless on (job, instance, rank)\n  {view(ACTIVITY, WAITING)}"
         # One alert per culprit, whatever the number of groups it is behind in (the
         # description lists them): its labels must not change between evaluations.
         return block(outside_own_phases(view, answering(view, lower)),
