@@ -472,6 +472,15 @@ def verdicts(*gone: Snapshot, alive: tuple[Snapshot, ...] = ()) -> dict[int, tup
     return judge(ExitJudge(None), list(alive), list(gone))
 
 
+def test_a_rank_that_froze_after_a_wait_made_no_step_since_its_last() -> None:
+    """The end of a wait restarted its stall's clock (progress at 1050 s); the verdict
+    still says how long it made no step."""
+    frozen = stopped(IN_COMPUTE, at=1120.0, steps=40, last_step=1000.0)
+    frozen.progress = 1050.0
+    verdict = verdicts(frozen, alive=(waiter(at=1120.0),))[1]
+    assert verdict[1].startswith("it made no step for 120s (budget 60s), in compute"), verdict
+
+
 def test_a_signal_that_ends_the_rank_a_hang_waited_for_is_not_a_preemption() -> None:
     assert verdicts(stopped(IN_COMPUTE), alive=(waiter(),))[1] == ("hung", (
         "it made no step for 75s (budget 60s), in compute at train.py:285 in step, outside "

@@ -553,12 +553,14 @@ def test_settings_resolve_the_options_against_the_environment(
 
 
 
-def test_a_stalled_rank_just_released_from_a_wait_has_no_place_until_a_budget_passes(
+
+def test_the_end_of_a_wait_for_the_others_is_progress(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A rank that waited for the others through a stall does the rest of its step still
-    stalled, outside any collective, while ranks not yet released still wait: it has no
-    place (no activity, so TrainingHangSuspect cannot name it) until it has been outside
-    any collective for a whole budget. A rank never seen waiting has its place at once."""
+    """Released from a long wait (another rank's evaluation of its own), a rank does the
+    rest of its step while ranks not yet released wait for it: judged from its last step
+    it would be stalled and outside any collective, as the rank a hang waits for is. The
+    wait's end starts the stall's clock again; a rank that froze after it is stalled a
+    budget later. Waiting itself is no progress."""
     from types import SimpleNamespace
 
     from colossalai_exporter.rankstate.schema import Activity
@@ -580,14 +582,19 @@ def test_a_stalled_rank_just_released_from_a_wait_has_no_place_until_a_budget_pa
         snap = monitor.snapshot()
         assert snap.stalled and snap.activity == compute  # never waited: the culprit's place
         place[0] = waiting
-        assert monitor.snapshot().activity == waiting
+        clock[0] += 30.0
+        snap = monitor.snapshot()
+        assert snap.stalled and snap.activity == waiting  # waiting is no progress
         place[0] = compute  # released: the rest of its step
         clock[0] += 0.5
+        released = clock[0]
         snap = monitor.snapshot()
-        assert snap.stalled and snap.activity is None, snap
-        clock[0] += budget - 1.0
-        assert monitor.snapshot().activity is None
-        clock[0] += 1.0  # outside any collective for a whole budget: frozen after its wait
-        assert monitor.snapshot().activity == compute
+        assert not snap.stalled and snap.progress == released, snap
+        clock[0] += budget - 0.5
+        assert not monitor.snapshot().stalled
+        clock[0] += 1.0  # frozen after its wait: stalled a budget after it
+        snap = monitor.snapshot()
+        assert snap.stalled and snap.activity == compute, snap
+        assert snap.progress == released
     finally:
         monitor.close()

@@ -375,8 +375,12 @@ def _stall(snap: Snapshot, at: float) -> str:
     stalled, _ = judge(snap, at)
     if not stalled:
         return ""
-    what = "it made no step" if snap.phase == "training" else f"it stayed in phase {snap.phase}"
-    return f"{what} for {at - snap.progress:.0f}s (budget {snap.timeout:g}s)"
+    if snap.phase == "training":
+        # since its last step, though a wait's end restarted the stall's clock
+        what, since = "it made no step", snap.last_step or snap.progress
+    else:
+        what, since = f"it stayed in phase {snap.phase}", snap.progress
+    return f"{what} for {at - since:.0f}s (budget {snap.timeout:g}s)"
 
 
 def _where(snap: Snapshot) -> str:

@@ -162,10 +162,6 @@ class TrainingMonitor:
                                   raised=self._step_raised)
         self._reported: set[str] = set()
         self._was_stalled = False
-        # When a sample last found the training thread waiting for the others (wall
-        # clock): a stalled rank that left its wait less than a budget ago is not outside
-        # any collective in the sense a hang's culprit is (_sample_activity).
-        self._waited_at = float("-inf")
         # The thread that trains: the main thread, as in every launcher's script
         # (torchrun, colossalai run). Sampled, never touched (training/activity.py).
         self._training_thread = threading.main_thread().ident
@@ -530,7 +526,7 @@ class TrainingMonitor:
     def _sample_activity(self, snap: Snapshot, where: Activity | None) -> None:
         snap.publish_interval = self.settings.publish_interval
         snap.rendezvous = self.settings.rendezvous
-        snap.activity = place = self._stalled_place(snap, where)
+        snap.activity = where
         try:
             # The oldest collective in flight, and since when: the agent tells a rank that
             # NCCL's watchdog ended (past its group's timeout) from one killed. Every
@@ -539,37 +535,14 @@ class TrainingMonitor:
             snap.in_flight_known = self._pending.readable
         except Exception as exc:
             self._error("stacks", exc)
-        if snap.stalled and (place is not None or where is None):
+        if snap.stalled:
             # Which collective each process group last enqueued: the rank behind is
             # the one the others wait for. Only while stalled: about 10 us a publish after
-            # the stall's first read (up to 0.14 s with torch's buffer full). Not while
-            # its place is held back: just released from a wait, a rank is behind in the
-            # groups it has yet to reach as a culprit is, and until it says where it is,
-            # no rank of its run is compared (TrainingHangSuspect, collectives_behind).
+            # the stall's first read (up to 0.14 s with torch's buffer full).
             try:
                 snap.collectives = self._progress.read()
             except Exception as exc:
                 self._error("stacks", exc)
-
-    def _stalled_place(self, snap: Snapshot, where: Activity | None) -> Activity | None:
-        """The place a snapshot serves: ``where``, except for a stalled rank that left a
-        wait for the others less than its budget ago, which has none yet (nor, then,
-        its collectives).
-
-        A rank waiting in a stalled run is stalled too (no step within its budget), and
-        when the wait ends it does the rest of its step (the optimizer, the next layers
-        up to the next collective, logging) still stalled, outside any collective,
-        while the ranks not yet released (later in the step, or whose view is a scrape
-        behind) still wait: the very picture of the rank a hang waits for
-        (TrainingHangSuspect, cause outside_collective), for that moment. A culprit is
-        outside any collective for a whole budget; a rank that waited then froze is
-        named once that has passed."""
-        waiting = where is not None and where.kind in WAITING
-        if waiting:
-            self._waited_at = snap.written
-        if snap.stalled and not waiting and snap.written - self._waited_at < snap.timeout:
-            return None
-        return where
 
     def _count_activity(self, snap: Snapshot, where: Activity | None) -> None:
         # The publisher's regular samples while training, counted: the share a rank
@@ -596,6 +569,9 @@ class TrainingMonitor:
 
     def _snapshot(self, where: Activity | None) -> Snapshot:
         """snapshot() with the training thread's place already sampled (``where``)."""
+        if where is not None:
+            # before the judgement: a wait that just ended is progress (note_place)
+            self._state.note_place(where.kind in WAITING)
         snap = self._state.snapshot(self.budgets)
         if snap.phase == "training":
             self._steps.cap = snap.timeout

@@ -42,7 +42,9 @@ RECENT_STEPS: Final = 128  # window the learned budget looks at (a power of two:
 
 @dataclass(frozen=True)
 class Budgets:
-    """How long each phase may go without progress before it counts as stalled.
+    """How long each phase may go without progress before it counts as stalled. In
+    phase training, progress is a completed step or the end of a wait for the other
+    ranks (RankState.note_place).
 
     ``step`` is learned unless fixed: ``step_factor`` × the longest of the last
     128 step durations (the first step's only until a second completes; a step that
@@ -100,8 +102,8 @@ class RankState:
                  "interruption", "kernel_failures", "kernel_last_failure", "kernels_ready",
                  "last_error", "last_step", "local_rank", "loss", "monitor_errors", "oom",
                  "oom_last", "phase", "phase_start", "pid", "pid_ns", "pid_start",
-                 "productive", "rank", "recent", "samples", "stalls", "steps", "tokens",
-                 "waiting_samples", "world_size")
+                 "productive", "rank", "recent", "released", "samples", "stalls", "steps",
+                 "tokens", "waited", "waiting_samples", "world_size")
 
     def __init__(self, rank: int, local_rank: int, world_size: int, pid: int,
                  pid_start: float | None, now: float | None = None,
@@ -143,6 +145,10 @@ class RankState:
         # of them found it waiting for other ranks (training/activity.py)
         self.activity_samples = 0
         self.waiting_samples = 0
+        # whether the last sample found it waiting, and when one first found it out of a
+        # wait again (wall clock): the end of a wait is progress (note_place)
+        self.waited = False
+        self.released: float | None = None
         self.oom: dict[str, int] = dict.fromkeys(DEVICES, 0)
         self.oom_last: dict[str, float] = {}  # when, for the devices that ran out
         self.checkpointing = False
@@ -175,6 +181,24 @@ class RankState:
             return longest if longest > 0.0 else self.recent[0]
         return max(self.recent)
 
+    def note_place(self, waiting: bool, now: float | None = None) -> None:
+        """A sample of the training thread (the publisher's or a scrape's): waiting for the
+        other ranks (a collective, backward) or not. The first sample out of a wait after
+        one in it is the wait's end, and in phase training counts as progress, as a step
+        does (snapshot): released from a long wait (another rank's evaluation or save of
+        its own, beyond the step budget), a rank does the rest of its step, or all of the
+        next after a barrier, while the ranks not yet released wait for it; judged from
+        its last step, it was stalled and outside any collective then, the very picture
+        of the rank a hang waits for (TrainingHangSuspect), and a step longer than
+        TrainingStalled's 30 s paged that too. A culprit that froze after a wait is
+        stalled a budget after it. Called off the training thread; two samplers racing
+        can only move the release by a sample."""
+        if waiting:
+            self.waited = True
+        elif self.waited:
+            self.waited = False
+            self.released = time.time() if now is None else now
+
     def forget_step(self, number: int) -> None:
         """Leave step ``number`` (1-based, completed) out of the learned budget: it held
         work with a budget of its own (an evaluation, a save, a recompile inside it, or
@@ -191,10 +215,11 @@ class RankState:
         phase, phase_start = self.phase, self.phase_start
         last_step = self.last_step
         timeout = budgets.for_phase(phase, self.longest_recent_step())
-        # Progress in "training" is a finished step; time spent checkpointing before
-        # returning to training does not count against the next step.
-        progress = max(phase_start, last_step) if (phase == "training" and last_step) \
-            else phase_start
+        # Progress in "training" is a finished step or the end of a wait for the others
+        # (note_place); time spent checkpointing before returning to training does not
+        # count against the next step.
+        progress = max(phase_start, last_step, self.released or 0.0) \
+            if (phase == "training" and last_step) else phase_start
         error = self.last_error
         gemini = self.gemini_chunk_memory
         interruption = self.interruption
