@@ -13,12 +13,15 @@ description and the Slack message), waits for the alerts that must be muted to
 fire in Prometheus and show as suppressed in Alertmanager, watches the pager for
 a while longer, and checks that exactly the expected alerts paged.
 
-``COLOSSALAI_FAULTS_DOCS=1`` rewrites docs/failures.md from the run (bench/RESULTS.md
-gives the command); otherwise the table goes to the test's temporary directory.
+``COLOSSALAI_FAULTS_DOCS=1`` rewrites docs/failures.md from a run of every case
+(its header gives the command; any number of xdist workers); otherwise the table
+of the cases run goes to the run's temporary directory (``failures.md`` under pytest's
+base temporary directory).
 """
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import importlib.util
 import json
@@ -26,6 +29,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, replace
@@ -605,18 +609,47 @@ def started_failing(stack: Stack, case: Case) -> float:
 
 @pytest.fixture(scope="module", autouse=True)
 def failures_table(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    wants_docs = os.environ.get("COLOSSALAI_FAULTS_DOCS") == "1"
-    if wants_docs and os.environ.get("PYTEST_XDIST_WORKER"):
-        pytest.fail("COLOSSALAI_FAULTS_DOCS=1 needs every case in one process: "
-                    "add -n 0 (each xdist worker sees only its own cases)")
     yield
     if not ROWS:
         return
-    # every case, the healthy runs and the two jobs in one run directory
-    write_docs = wants_docs and len(ROWS) == len(CASES) + len(RELEASES) + 1
-    out = REPO / "docs" / "failures.md" if write_docs else \
-        tmp_path_factory.mktemp("faults-table") / "failures.md"
-    out.write_text(render_table(ROWS))
+    # Each xdist worker's base directory is in the run's: the rows of every worker meet
+    # there, and whichever writes last renders them all.
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    publish_rows(shared, os.environ.get("PYTEST_XDIST_WORKER", "main"), ROWS,
+                 os.environ.get("COLOSSALAI_FAULTS_DOCS") == "1")
+
+
+def table_order() -> list[Case]:
+    """Every case of the table, in its order: the failures, the healthy run on each
+    release, the two jobs in one run directory."""
+    return [*CASES, *(replace(HEALTHY, release=r) for r in RELEASES), TWO_JOBS]
+
+
+def publish_rows(shared: Path, worker: str, rows: list[Row], docs: bool) -> Path:
+    """Write ``worker``'s rows into ``shared``/faults-rows, then render every worker's
+    rows so far: into docs/failures.md where ``docs`` and every case has a row, else
+    into ``shared``/failures.md. Returns the table written."""
+    folder = shared / "faults-rows"
+    folder.mkdir(exist_ok=True)
+    (folder / f"{worker}.json").write_text(json.dumps([
+        {"case": row.case.name, "release": row.case.release, "pages": row.pages,
+         "seconds": row.seconds, "description": row.description, "muted": row.muted,
+         "watched": row.watched, "later": row.later} for row in rows]))
+    order = table_order()
+    cases = {(case.name, case.release): case for case in order}
+    with (folder / "lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # two workers ending at once: one table each
+        merged = {}
+        for path in sorted(folder.glob("*.json")):
+            for row in json.loads(path.read_text()):
+                key = (row.pop("case"), row.pop("release"))
+                merged[key] = Row(cases[key], **row)
+        ordered = [merged[key] for key in cases if key in merged]
+        out = REPO / "docs" / "failures.md" if docs and len(ordered) == len(order) \
+            else shared / "failures.md"
+        out.write_text(render_table(ordered))
+    return out
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
@@ -919,8 +952,8 @@ def render_table(rows: list[Row]) -> str:
         "About half the cases run on Debian bookworm's Prometheus and Alertmanager, the",
         "others on Debian testing's (Prometheus 3, a current Alertmanager); *stack* says",
         "which, and the healthy run runs on both.",
-        "Regenerate with `COLOSSALAI_FAULTS_DOCS=1 .venv/bin/python -m pytest -n 0 "
-        "tests/faults` (every case in one process).",
+        "Regenerate with `COLOSSALAI_FAULTS_DOCS=1 .venv/bin/python -m pytest -n 2 "
+        "tests/faults` (every case; the workers' rows are merged).",
         "",
         "| failure | stack | paged | muted | seconds | what the page says |",
         "|---|---|---|---|---|---|",
@@ -949,3 +982,29 @@ def render_table(rows: list[Row]) -> str:
     lines += ["", f"Pages from healthy runs: {sum(len(r.pages) for r in healthy)} "
                   f"in {len(healthy)} runs.", ""]
     return "\n".join(lines)
+
+
+
+def test_the_table_has_every_workers_rows_in_the_cases_order(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each xdist worker sees its own cases only: the rows meet in the run's directory,
+    in the table's order whichever worker ran them, and docs/failures.md is written only
+    from a run of every case."""
+    repo = tmp_path / "repo"
+    (repo / "docs").mkdir(parents=True)
+    monkeypatch.setattr(sys.modules[__name__], "REPO", repo)
+    order = table_order()
+    rows = [Row(case, list(case.pages), 1.0, f"page of {case.name}", [], 25.0)
+            for case in order]
+    # two workers, each with every other case, the later first
+    assert publish_rows(tmp_path, "gw1", rows[1::2], docs=True) == tmp_path / "failures.md"
+    partial = (tmp_path / "failures.md").read_text()
+    assert f"page of {order[1].name} |" in partial
+    assert f"page of {order[0].name} |" not in partial
+    written = publish_rows(tmp_path, "gw0", rows[0::2], docs=True)
+    assert written == repo / "docs" / "failures.md"
+    table = written.read_text()
+    at = [table.index(f"page of {case.name} |") for case in order if case.pages]
+    assert at == sorted(at) and len(at) == len([c for c in order if c.pages])
+    assert table.count("| a healthy 4-rank run") == len(RELEASES)
+    assert f"Pages from healthy runs: 0 in {len(order) - len(at)} runs." in table
