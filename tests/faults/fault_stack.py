@@ -48,16 +48,20 @@ INTERVAL = 1.0  # Prometheus' scrape and evaluation interval in the suite
 # is the shipped one too, 5 s for 30 s and 10 s for a minute: with the stuck phases at
 # 2 s, ahead of TrainingStalled, the suite proved that a recompile stuck on rank 1 paged
 # alone, where the shipped windows paged rank 0, waiting for it, as stalled 30 s before
-# CompileStuck named rank 1. And a frozen rank "waits least" from the moment it freezes,
-# and the straggler rule leaves a stalled run alone, so TrainingStraggler's window must
-# outlast the 5 s step budget (and the scrape that sees it run out) as its shipped 10m
-# outlasts real budgets; at 5 s a loaded run paged a hang's culprit as a straggler first.
+# CompileStuck named rank 1. And a frozen rank "waits least" from the moment it freezes:
+# the straggler rule leaves a stalled run alone, and a rank with no step for
+# straggler_stepped_within (5m shipped, 5 s here) too, which a budget or a process
+# group's timeout longer than the straggler's `for` needs: with the 15 s timeout and
+# 40 s budget of the hang-then-short cases, a loaded run paged the frozen rank as a
+# straggler first. Its `for` outlasts the 5 s step budget as its shipped 10m outlasts
+# most real ones.
 # The slower group of training alerts (every minute when shipped) runs at the suite's
 # interval too, as its `for` windows are scaled: at one evaluation a minute a loaded
 # run's TrainingStraggler paged after the case's deadline.
 RULES_OVERRIDE = """
 expected_jobs: [colossalai-node]
-thresholds: {training_slow_evaluation_interval: 1s, hang_after_timeout_for: 3s}
+thresholds: {training_slow_evaluation_interval: 1s, hang_after_timeout_for: 3s,
+             straggler_stepped_within: 5s}
 for:
   TrainingStalled: 5s
   TrainingHangSuspect: 0s

@@ -95,6 +95,7 @@ class Thresholds(Section, frozen=True):
     straggler_ratio: float
     straggler_wait_ratio: float
     straggler_min_waiting: float
+    straggler_stepped_within: Duration
     gpu_memory_used_percent: float
     host_memory_available_percent: float
     disk_free_bytes: int

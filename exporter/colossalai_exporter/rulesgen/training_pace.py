@@ -37,6 +37,7 @@ from colossalai_exporter.rulesgen.promql import (
 
 #: the step histogram the mean is taken from (and the dashboard's percentile)
 STEP_HISTOGRAM = "colossalai_training_step_duration_seconds"
+LAST_STEP = "colossalai_training_last_step_timestamp_seconds"
 
 # Recording rules other rules and the dashboards use.
 STEP_RATE = "job_rank:colossalai_training_steps:rate5m"
@@ -129,6 +130,13 @@ def waits_least(rank_servers: Selector, node_agents: Selector, thresholds: Thres
     # rank-down alerts'): its ranks' shares of time waiting say nothing about a
     # straggler then.
     stalled_runs = runs_with(on_any_rank(not_stepping_on, rank_servers, node_agents))
+    # Nor before its stall: a rank frozen in compute waits least from the moment it
+    # freezes, and a stall budget or a process group's timeout can outlast this alert's
+    # `for` (a 40 s budget, a 15 s timeout: the fault suite paged the frozen rank as the
+    # straggler). A straggler steps.
+    within = thresholds.straggler_stepped_within
+    stepping = "\nor\n".join(f"(time() - {view(LAST_STEP)} < {within.seconds:g})"
+                              for view in (node_agents, rank_servers))
     return Alert(
         "TrainingStraggler",
         expr(f"""
@@ -139,7 +147,8 @@ def waits_least(rank_servers: Selector, node_agents: Selector, thresholds: Thres
               ({WAIT_SHARE_MEDIAN} > {number(thresholds.straggler_min_waiting)})
             and on {PEERS}
               (count by {PEERS} ({WAIT_SHARE}) > 1)
-        """) + f"\nunless on (run)\n{indent(stalled_runs)}",
+        """) + f"\nand on (job, instance, rank)\n(\n{indent(stepping)}\n)"
+        + f"\nunless on (run)\n{indent(stalled_runs)}",
         "warning", SUMMARY,
         fill("Rank [[$rank]][[of_run]] on [[$instance]] is the rank the others wait for at "
              "every step: it waits for them {{ $value | humanizePercentage }} of the time, "
