@@ -544,10 +544,11 @@ class TrainingMonitor:
             except Exception as exc:
                 self._error("stacks", exc)
 
-    def _count_activity(self, snap: Snapshot, where: Activity | None) -> None:
+    def _count_activity(self, snap: Snapshot) -> None:
         # The publisher's regular samples while training, counted: the share a rank
         # spends waiting for the others names a straggler in a synchronous job, where
         # every rank steps at the slowest one's rate (TrainingStraggler, cause waits_least).
+        where = snap.activity
         if where is None or snap.phase != "training":
             return
         state = self._state
@@ -592,7 +593,7 @@ class TrainingMonitor:
             self._refresh(where)
             snap = self._snapshot(where)
             if periodic:
-                self._count_activity(snap, where)
+                self._count_activity(snap)
             if snap.stalled and not self._was_stalled:
                 self._state.stalls += 1
                 self._evidence.write(self.run_dir, snap.reason)

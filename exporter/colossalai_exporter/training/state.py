@@ -181,23 +181,19 @@ class RankState:
             return longest if longest > 0.0 else self.recent[0]
         return max(self.recent)
 
-    def note_place(self, waiting: bool, now: float | None = None) -> None:
+    def note_place(self, waiting: bool) -> None:
         """A sample of the training thread (the publisher's or a scrape's): waiting for the
-        other ranks (a collective, backward) or not. The first sample out of a wait after
-        one in it is the wait's end, and in phase training counts as progress, as a step
-        does (snapshot): released from a long wait (another rank's evaluation or save of
-        its own, beyond the step budget), a rank does the rest of its step, or all of the
-        next after a barrier, while the ranks not yet released wait for it; judged from
-        its last step, it was stalled and outside any collective then, the very picture
-        of the rank a hang waits for (TrainingHangSuspect), and a step longer than
-        TrainingStalled's 30 s paged that too. A culprit that froze after a wait is
-        stalled a budget after it. Called off the training thread; two samplers racing
-        can only move the release by a sample."""
+        other ranks (a collective, backward) or not. The first sample out of a wait is
+        the wait's end, progress as a step is (snapshot): released from a long wait, a
+        rank does the rest of its step while ranks not yet released wait for it, and
+        judged from its last step it looked stalled and outside any collective, as the
+        rank a hang waits for does. Off the training thread; two samplers racing can
+        only move the release by a sample."""
         if waiting:
             self.waited = True
         elif self.waited:
             self.waited = False
-            self.released = time.time() if now is None else now
+            self.released = time.time()
 
     def forget_step(self, number: int) -> None:
         """Leave step ``number`` (1-based, completed) out of the learned budget: it held
