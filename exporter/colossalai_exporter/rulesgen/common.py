@@ -169,11 +169,15 @@ RANK_RUN = "job_instance_rank:colossalai_training_run:max"
 
 
 def rank_runs(rank_servers: Selector, node_agents: Selector) -> str:
-    """RANK_RUN's expression: the info's run, else the rank bare (any series that every
-    monitored rank serves: its phase, or the agent's up for it)."""
-    views = (node_agents, rank_servers)
-    info = "\nor\n".join(view(INFO) for view in views)
-    ranks = "\nor\n".join(view(metric) for view in views for metric in (PHASE, RANK_UP))
+    """RANK_RUN's expression: the info's run, else the rank bare, from one series each
+    view serves for every rank it knows: the agent's up for the rank (it serves one for
+    every snapshot it reads, with or without the rank's other series), the rank
+    server's own phase (a rank server serves no up). Reading the phase in the agent's
+    view too, and an up in the rank servers', added two reads of every rank to the
+    alerts' first rule for no rank more: 85 against 50 ms at 4,096 ranks
+    (bench/RESULTS.md)."""
+    info = "\nor\n".join(view(INFO) for view in (node_agents, rank_servers))
+    ranks = f"{node_agents(RANK_UP)}\nor\n{rank_servers(PHASE)}"
     return (f"max by (job, instance, rank, run, world_size, pipeline_stage) (\n"
             f"{indent(info)}\n)\n"
             f"or on (job, instance, rank)\n"
