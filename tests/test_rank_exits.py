@@ -72,6 +72,10 @@ RANK = textwrap.dedent("""
         sys.exit(0)
     if mode == "exit_unfinished":
         sys.exit(0)  # the script's end, without monitor.finish()
+    if mode == "exit_when_told":
+        while not Path(run_dir, "go").exists():
+            time.sleep(0.01)
+        sys.exit(0)  # as exit_unfinished, once the test has looked
     if mode == "caught_then_exit":
         try:
             with monitor.step():
@@ -91,6 +95,21 @@ RANK = textwrap.dedent("""
         forever = threading.Thread(target=time.sleep, args=(3600,), daemon=True)
         forever.start()
         ctypes.CDLL(None).pthread_join(ctypes.c_ulong(forever.ident), None)
+    if mode == "segfault":
+        def forward():
+            ctypes.string_at(0)  # a read of address 0 in native code: SIGSEGV
+        with monitor.step():
+            forward()
+    if mode == "abort":
+        with monitor.step():
+            os.abort()  # what C++'s std::terminate does: SIGABRT
+    if mode == "child_segfault":
+        # A forked helper (a DataLoader worker) that crashes: its report is not the rank's.
+        child = os.fork()
+        if child == 0:
+            ctypes.string_at(0)
+        os.waitpid(child, 0)
+        Path(run_dir, "forked").touch()
     if mode == "fork":
         # A forked helper (a DataLoader worker) that gets SIGTERM: the helper's, not ours.
         child = os.fork()
@@ -207,6 +226,65 @@ def test_each_way_a_rank_ends_is_told_apart(tmp_path: Path,
                for s in f.samples)
 
 
+def test_a_crash_in_native_code_is_named_with_its_signal_and_line(
+        tmp_path: Path, ranks: list[subprocess.Popen[bytes]]) -> None:
+    """A segmentation fault and an abort each end a rank with no error recorded: the
+    verdict names the signal and the script's line from the rank's crash report, where
+    it said only "SIGKILL from outside, or a crash in native code". A forked helper's
+    crash is not the rank's: the rank, SIGKILLed after it, is judged as before."""
+    run_dir = tmp_path / "run"
+    kernel_log = tmp_path / "kmsg"
+    kernel_log.write_text("")
+    for rank, mode in enumerate(("segfault", "abort", "child_segfault")):
+        ranks.append(start(run_dir, rank, mode))
+    segfault, abort, forked = ranks
+    collector = RanksCollector(run_dir, exits=ExitJudge(KernelLog(str(kernel_log))))
+    collector.collect(time.monotonic() + 5)
+    assert ended(segfault) == -signal.SIGSEGV
+    assert ended(abort) == -signal.SIGABRT
+    wait_until((run_dir / "forked").exists, timeout=60, interval=0.05,
+               what="the helper's crash")
+    forked.kill()
+    assert ended(forked) == -signal.SIGKILL
+
+    families = collector.collect(time.monotonic() + 5)
+    exits = {s.labels["rank"]: (s.labels["reason"], s.labels["detail"])
+             for f in families if f.name == "colossalai_rank_exit" for s in f.samples}
+    pids = {rank: proc.pid for rank, proc in enumerate(ranks)}
+    # The script's own line first (a -c script's file is "<string>"), then ctypes' frame.
+    assert exits["0"][0] == "killed"
+    assert exits["0"][1].startswith(
+        "SIGSEGV (Segmentation fault), a crash in native code, at <string>:"), exits["0"]
+    assert " in forward (__init__.py:" in exits["0"][1]
+    assert exits["0"][1].endswith(f"in string_at); every thread's Python stack is in "
+                                  f"crash-rank0-{pids[0]}.txt in the node's run directory")
+    assert exits["1"][0] == "killed"
+    assert exits["1"][1].startswith(
+        "SIGABRT (Aborted), a crash in native code, at <string>:"), exits["1"]
+    assert exits["2"] == ("killed", "its process vanished with no error, no signal recorded "
+                                    "and no OOM kill in the kernel log: SIGKILL from outside, "
+                                    "or a crash in native code")
+
+
+def test_a_closed_monitor_leaves_no_crash_report(tmp_path: Path,
+                                                 ranks: list[subprocess.Popen[bytes]]) -> None:
+    """The report's file is the process's while it trains, and gone once the monitor
+    closes or the interpreter exits (a run directory of many runs would otherwise fill
+    with them)."""
+    closes, exits = start(tmp_path, 0, "own_handler"), start(tmp_path, 1, "exit_when_told")
+    ranks.extend((closes, exits))
+    reports = [tmp_path / f"crash-rank{rank}-{proc.pid}.txt"
+               for rank, proc in enumerate(ranks)]
+    for rank, report in enumerate(reports):
+        assert report.read_text().startswith(
+            f"# colossalai-exporter crash report, rank {rank}, pid ")
+    closes.send_signal(signal.SIGTERM)  # its own handler: it trains on, then close()
+    (tmp_path / "go").touch()  # sys.exit() without close(): the interpreter's exit
+    assert ended(closes) == 0 and ended(exits) == 0
+    assert not reports[0].exists()
+    assert not reports[1].exists()
+
+
 @pytest.mark.parametrize("attempt", range(3))
 def test_a_slow_record_is_written_before_the_signal_takes_effect(
         tmp_path: Path, ranks: list, attempt: int) -> None:
@@ -301,7 +379,7 @@ def set_oom_kills(sys_root: Path, cgroup: str, kills: int) -> None:
 
 
 def judge(judge_: ExitJudge, alive: list[Snapshot], gone: list[Snapshot]) -> dict[int, tuple]:
-    exits = judge_.scrape(alive, gone, lambda snap: True)
+    exits = judge_.scrape(alive, gone, {}, lambda snap: True)
     return {rank: (e.reason, e.detail) for rank, e in exits.items()}
 
 
@@ -434,7 +512,7 @@ def test_a_rank_in_another_pid_namespace_is_not_matched_by_pid(tmp_path: Path) -
     log = tmp_path / "kmsg"
     log.write_text(OOM_RECORDS.format(pid=4242))
     exits = ExitJudge(KernelLog(str(log), boot_time=0.0), clock=lambda: 2500.0)
-    verdicts = exits.scrape([], [snapshot(4242)], lambda snap: False)
+    verdicts = exits.scrape([], [snapshot(4242)], {}, lambda snap: False)
     assert verdicts[1].reason == "killed" and "another PID namespace" in verdicts[1].detail
 
 
@@ -671,7 +749,7 @@ def test_no_watchdog_end_without_a_collective_past_its_timeout(
 
 
 def collective_at_end(snap: Snapshot, *others: Snapshot) -> str:
-    return ExitJudge(None).scrape([], [snap, *others], lambda _: True)[snap.rank].collective
+    return ExitJudge(None).scrape([], [snap, *others], {}, lambda _: True)[snap.rank].collective
 
 
 @pytest.mark.parametrize(("snap", "state"), [
@@ -708,7 +786,7 @@ def test_an_oom_kill_after_a_hang_is_still_the_oom_kill(tmp_path: Path) -> None:
     log.write_text(OOM_RECORDS.format(pid=4242))  # at 2000 s
     exits = ExitJudge(KernelLog(str(log), boot_time=0.0), clock=lambda: 2500.0)
     rank1 = hung_at(1610.0, IN_COMPUTE)
-    verdict = exits.scrape([waiter(at=1600.0)], [rank1], lambda snap: True)[1]
+    verdict = exits.scrape([waiter(at=1600.0)], [rank1], {}, lambda snap: True)[1]
     assert verdict.reason == "oom_killed"
 
 

@@ -219,6 +219,14 @@ CASES = [
          1, ("TrainingRankDown",), {"rank": "1", "cause": "process"},
          ("was killed: its process vanished with no error, no signal recorded and no OOM kill "
           "in the kernel log",)),
+    # A crash in native code (an extension, a driver, NCCL) ends a rank with no error and
+    # no snapshot after it: the page must name the signal and the line, not a SIGKILL.
+    Case("segfault", "rank 1 crashes in native code (a real SIGSEGV: a read of address 0) "
+         "in its step while rank 0 waits in backward's all-reduce", "segfault", 1,
+         ("TrainingRankDown",), {"rank": "1", "cause": "process"},
+         ("was killed: SIGSEGV (Segmentation fault), a crash in native code, at "
+          "train.py:", " in inject_in_step (__init__.py:", "every thread's Python stack is "
+          "in crash-rank1-"), release="current"),
     Case("oom-kill", "rank 1 killed by the kernel's OOM killer (a real kill: the rank in a "
          "256 MiB memory cgroup, allocating)", "oom_kill", 1, ("TrainingRankOOMKilled",),
          {"rank": "1"}, ("was killed by the kernel's OOM killer (memory cgroup "

@@ -638,6 +638,9 @@ def inject_in_step() -> None:
         time.sleep(3600)  # a compute kernel that never returns, GIL released
     if FAULT == "gil_hang" or hang_after_checkpoint.is_set():
         ctypes.PyDLL(None).sleep(3600)  # a C call that holds the GIL: nothing runs
+    if FAULT == "segfault":
+        # A bug in native code (an extension's kernel, a driver): a read of address 0.
+        ctypes.string_at(0)
     if FAULT == "own_error":
         # A bug of the rank's own, while the others wait for it in a collective.
         raise ValueError("batch 17 has 0 samples: the data shard is empty")

@@ -51,7 +51,9 @@ gone at once), but in how each one ended:
     the hung rank counted as stalled. The incident, though a signal ended it.
 ``killed``
     it vanished with no error, no signal and no OOM kill recorded: SIGKILL from
-    outside, a crash in native code, or an OOM kill no evidence could show.
+    outside, a crash in native code, or an OOM kill no evidence could show. A crash
+    the rank's crash report records (a segmentation fault, a bus error, an abort:
+    rankstate/crash.py) is named in the detail, with the signal and the script's line.
 
 A rank that vanished without a word with a collective in flight past its group's
 timeout (the monitor publishes its oldest collective in flight and the group's
@@ -71,7 +73,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -84,6 +86,7 @@ from colossalai_exporter.node.oom import (
     memory_cgroup,
     vmstat_oom_kills,
 )
+from colossalai_exporter.rankstate.crash import Crash
 from colossalai_exporter.rankstate.schema import WAITING, LastError, Snapshot
 from colossalai_exporter.rankstate.verdict import judge, timed_out_in_collective
 
@@ -191,9 +194,11 @@ class ExitJudge:
         return self.kernel_log is not None and self.kernel_log.readable is True
 
     def scrape(self, alive: Iterable[Snapshot], gone: Iterable[Snapshot],
+               crashes: Mapping[int, Crash],
                pids_mean_something: Callable[[Snapshot], bool]) -> dict[int, Exit]:
         """One scrape: note the live ranks, judge the gone ones; rank -> exit.
 
+        ``crashes``: rank -> the crash report its (gone) process left, where it left one.
         ``pids_mean_something``: False for a rank in another PID namespace, whose pid
         names no process here (nothing is looked up or matched by it)."""
         self._poll_kernel_log()
@@ -201,7 +206,7 @@ class ExitJudge:
         everyone = [*alive, *gone]
         gone_ranks = frozenset(s.rank for s in gone)
         exits = {snap.rank: self._judge(snap, not pids_mean_something(snap), everyone,
-                                        gone_ranks)
+                                        gone_ranks, crashes.get(snap.rank))
                  for snap in gone}
         self._note_alive([s for s in alive if pids_mean_something(s)])
         keep = {self._key(s) for s in gone}
@@ -240,20 +245,22 @@ class ExitJudge:
         self._baselines = baselines
 
     def _judge(self, snap: Snapshot, foreign: bool, everyone: list[Snapshot],
-               gone: frozenset[int]) -> Exit:
+               gone: frozenset[int], crash: Crash | None) -> Exit:
         key = self._key(snap)
         verdict = self._verdicts.get(key)
         if verdict is None:
             run = snap.info.get("run")
             peers = _Peers([s for s in everyone if s is not snap and s.info.get("run") == run],
                            gone, self._clock())
-            ended = self._first_judgement(snap, foreign, peers)
+            ended = self._first_judgement(snap, foreign, peers, crash)
             verdict = self._verdicts[key] = replace(
                 ended, collective=_collective_at_end(snap, ended, peers.now))
         return verdict
 
-    def _first_judgement(self, snap: Snapshot, foreign: bool, peers: _Peers) -> Exit:
-        """``peers``: the other ranks of its run on this node, alive or gone, as last seen."""
+    def _first_judgement(self, snap: Snapshot, foreign: bool, peers: _Peers,
+                         crash: Crash | None) -> Exit:
+        """``peers``: the other ranks of its run on this node, alive or gone, as last seen;
+        ``crash``: the crash report its process left, if any."""
         if snap.phase == "finished":
             return Exit("finished", _how_it_finished(snap))
         if snap.interruption is not None:
@@ -304,6 +311,10 @@ class ExitJudge:
                                        "the process group's watchdog (NCCL's, past its "
                                        "timeout) ends a rank whose collective does not "
                                        "complete")
+        if crash is not None:
+            # After the watchdog's verdicts: NCCL's watchdog ends a waiting rank with
+            # SIGABRT, which faulthandler reports too, and that rank waited.
+            return Exit("killed", crash.describe())
         return self._killed()
 
     def _killed_worker(self, snap: Snapshot, error: LastError) -> Exit | None:

@@ -61,6 +61,7 @@ from colossalai_exporter.node.base import CollectorError, FuturePending, Pending
 from colossalai_exporter.node.blocking import BlockingCalls
 from colossalai_exporter.node.exits import ExitJudge
 from colossalai_exporter.node.oom import KernelLog
+from colossalai_exporter.rankstate.crash import Crash, read_crash_report
 from colossalai_exporter.rankstate.families import RankFamilies
 from colossalai_exporter.rankstate.files import (
     default_run_dir,
@@ -122,6 +123,8 @@ class RunDirLook:
     exists: bool = True
     snapshots: list[tuple[int, Snapshot]] = field(default_factory=list)
     permission_error: str = ""
+    #: rank -> the crash report its snapshot's process left (rankstate/crash.py)
+    crashes: dict[int, Crash] = field(default_factory=dict)
 
 
 @dataclass
@@ -191,13 +194,21 @@ class RanksCollector:
             # One bad file costs its rank only: a training image newer than this agent
             # (a rolling upgrade), a truncated or hand-edited file.
             try:
-                look.snapshots.append((rank, read_snapshot(path)))
+                snap = read_snapshot(path)
             except FileNotFoundError:
                 continue  # removed between the listing and the read
             except SnapshotError as exc:
                 self._count_error(exc.reason, exc)
+                continue
             except OSError as exc:
                 self._count_error("unreadable", exc)
+                continue
+            look.snapshots.append((rank, snap))
+            # A stat of the report's file, read only where it reports a crash: here, in
+            # the thread that may block, not where the verdict is made.
+            crash = read_crash_report(self.run_dir, rank, snap.pid, snap.created)
+            if crash is not None:
+                look.crashes[rank] = crash
         return look
 
     def _count_error(self, reason: str, why: object) -> None:
@@ -293,7 +304,7 @@ class RanksCollector:
         self._stores = sorted(stores)
         self._world = max(worlds, key=worlds.__getitem__) if worlds else None
         exits = catalogue.info("colossalai_rank_exit_info")
-        judged = self.exits.scrape(live, gone,
+        judged = self.exits.scrape(live, gone, look.crashes,
                                    lambda snap: not self._other_namespace(snap.pid_ns))
         for snap in gone:
             ended = judged[snap.rank]

@@ -38,6 +38,7 @@ from colossalai_exporter.rankstate.schema import (
     Snapshot,
 )
 from colossalai_exporter.training import activity, flight_recorder
+from colossalai_exporter.training import crash as _crash_report
 from colossalai_exporter.training import fatal as _fatal_hook
 from colossalai_exporter.training.device_loss import DeviceLossReader
 from colossalai_exporter.training.errors import error_record
@@ -202,6 +203,9 @@ class TrainingMonitor:
         self._heartbeats.start()
         self._start_server()
         _fatal_hook.attach(self)
+        if self.run_dir is not None:
+            # a crash in native code leaves its report for the node agent (rankstate/crash.py)
+            _crash_report.install(self, self.run_dir, self.rank, self._training_thread)
         if self._signals is not None and not self._signals.install():
             log.info("rank %d: the monitor was started outside the main thread; SIGTERM "
                      "and SIGINT are not recorded", self.rank)
@@ -246,6 +250,7 @@ class TrainingMonitor:
     def close(self) -> None:
         """Publish a last snapshot, stop the threads and the server."""
         _fatal_hook.detach(self)
+        _crash_report.uninstall(self)
         if self._signals is not None:
             self._signals.uninstall()
         if self.settings.watch_kernels:
