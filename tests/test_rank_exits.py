@@ -19,6 +19,7 @@ import pytest
 from colossalai_exporter.node.exits import ExitJudge
 from colossalai_exporter.node.oom import KernelLog
 from colossalai_exporter.node.ranks import RanksCollector
+from colossalai_exporter.rankstate.crash import parse_crash_report
 from colossalai_exporter.rankstate.files import read_snapshot, snapshot_path
 from colossalai_exporter.rankstate.schema import (
     Activity,
@@ -514,6 +515,20 @@ def test_a_rank_in_another_pid_namespace_is_not_matched_by_pid(tmp_path: Path) -
     exits = ExitJudge(KernelLog(str(log), boot_time=0.0), clock=lambda: 2500.0)
     verdicts = exits.scrape([], [snapshot(4242)], {}, lambda snap: False)
     assert verdicts[1].reason == "killed" and "another PID namespace" in verdicts[1].detail
+
+
+def test_a_crash_report_names_the_crash_of_a_rank_in_another_pid_namespace() -> None:
+    """A training pod without hostPID: its crash report says the process ended (it is
+    not only frozen) and how."""
+    crash = parse_crash_report("Fatal Python error: Segmentation fault\n\n"
+                               "Current thread 0x00007f3a3d8e5740 (most recent call first):\n"
+                               '  File "/job/train.py", line 88 in forward\n',
+                               "crash-rank1-4242.txt")
+    assert crash is not None
+    verdicts = ExitJudge(None).scrape([], [snapshot(4242)], {1: crash}, lambda snap: False)
+    assert verdicts[1].reason == "killed"
+    assert verdicts[1].detail.startswith(
+        "SIGSEGV (Segmentation fault), a crash in native code, at train.py:88 in forward; ")
 
 
 # -- after a hang: the rank the others waited for, and the ranks that waited

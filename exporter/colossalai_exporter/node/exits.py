@@ -286,7 +286,9 @@ class ExitJudge:
                 return worker
             return Exit("peer_failed" if error.peer else "failed",
                         f"{error.type}: {error.message}")
-        if foreign:
+        if foreign and crash is None:
+            # A crash report says the process ended; without one a rank whose pid means
+            # nothing here may only be frozen, and nothing below can be judged.
             return Exit("killed", "its state snapshot stopped, and its process is in another "
                                   "PID namespace than this agent's: killed, or frozen")
         counted = self._counted_oom(snap, "the rank vanished")
