@@ -19,7 +19,7 @@ import pytest
 from colossalai_exporter.node.exits import ExitJudge
 from colossalai_exporter.node.oom import KernelLog
 from colossalai_exporter.node.ranks import RanksCollector
-from colossalai_exporter.rankstate.crash import parse_crash_report
+from colossalai_exporter.rankstate.crash import Crash, parse_crash_report
 from colossalai_exporter.rankstate.files import read_snapshot, snapshot_path
 from colossalai_exporter.rankstate.schema import (
     Activity,
@@ -379,8 +379,9 @@ def set_oom_kills(sys_root: Path, cgroup: str, kills: int) -> None:
         f"oom_kill_disable 0\nunder_oom 0\noom_kill {kills}\n")
 
 
-def judge(judge_: ExitJudge, alive: list[Snapshot], gone: list[Snapshot]) -> dict[int, tuple]:
-    exits = judge_.scrape(alive, gone, {}, lambda snap: True)
+def judge(judge_: ExitJudge, alive: list[Snapshot], gone: list[Snapshot],
+          crashes: dict[int, Crash] | None = None) -> dict[int, tuple]:
+    exits = judge_.scrape(alive, gone, crashes or {}, lambda snap: True)
     return {rank: (e.reason, e.detail) for rank, e in exits.items()}
 
 
@@ -679,6 +680,27 @@ def test_a_frozen_rank_killed_after_the_hang_is_the_one_that_hung() -> None:
         "recorded (SIGKILL after the hang, or a crash)"))
     # Never seen alive by this agent (started after it froze): its snapshot alone, as before.
     assert verdicts(hung_at(1030.0, IN_COMPUTE), waiter(at=1190.0))[1][0] == "killed"
+
+
+def test_a_rank_that_crashed_after_the_hang_is_the_one_that_hung_and_says_how() -> None:
+    """A rank stuck in the driver, then a segmentation fault: still the rank the others
+    waited for (hung), and the crash is how it ended."""
+    crash = parse_crash_report("Fatal Python error: Segmentation fault\n\n"
+                               "Current thread 0x00007f3a3d8e5740 (most recent call first):\n"
+                               '  File "/job/train.py", line 285 in step\n',
+                               "crash-rank1-4243.txt")
+    assert crash is not None
+    frozen = hung_at(1030.0, IN_COMPUTE)  # as the frozen rank above, seen alive at 1200 s
+    clock = [1200.0]
+    exits = ExitJudge(None, clock=lambda: clock[0])
+    assert judge(exits, [frozen, waiter(at=1190.0)], []) == {}
+    clock[0] = 1215.0
+    found = judge(exits, [], [frozen, waiter(at=1190.0)], {1: crash})
+    assert found[1][0] == "hung"
+    assert found[1][1].endswith(
+        "the rank the others waited for; then it crashed: SIGSEGV (Segmentation fault), a "
+        "crash in native code, at train.py:285 in step; every thread's Python stack is in "
+        "crash-rank1-4243.txt in the node's run directory"), found[1]
 
 
 GLOO_TIMEOUT = RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] "

@@ -299,8 +299,10 @@ class ExitJudge:
         alive_at = max(snap.written, self._alive_at.get(self._key(snap), snap.written))
         hang = _hung(snap, alive_at, peers)
         if hang:
-            return Exit("hung", f"{hang}; then its process vanished with no error and no "
-                                "signal recorded (SIGKILL after the hang, or a crash)")
+            ended = f"it crashed: {crash.describe()}" if crash is not None else \
+                "its process vanished with no error and no signal recorded (SIGKILL after " \
+                "the hang, or a crash)"
+            return Exit("hung", f"{hang}; then {ended}")
         timed_out = _outlived_its_timeout(snap, _latest_end(snap, peers.now))
         if timed_out:
             return Exit("peer_failed", f"{timed_out}, then vanished with no error recorded: "
