@@ -10,6 +10,9 @@ no Python stack at all, so the report loses the user nothing.
 A DataLoader worker forked from the rank inherits faulthandler and its file: the
 child stops reporting there (a worker's crash is the rank's error, which names it),
 so the report is only ever the rank's own.
+
+A script that enables faulthandler itself after the monitor started takes it over;
+the monitor's close then disables it (faulthandler cannot say where it writes).
 """
 
 from __future__ import annotations
@@ -41,6 +44,10 @@ def install(owner: object, run_dir: Path, rank: int, training_thread: int | None
         path = crash_report_path(run_dir, rank, os.getpid())
         try:
             report = open(path, "w", encoding="utf-8")  # noqa: SIM115 - kept open for faulthandler
+        except OSError as exc:
+            log.info("rank %d: no crash report in %s (%s)", rank, run_dir, exc)
+            return False
+        try:
             # The header names the thread that trains; the report itself follows it only
             # if the process crashes (a file without one says "no crash").
             report.write(HEADER.format(rank=rank, pid=os.getpid(),
@@ -49,6 +56,9 @@ def install(owner: object, run_dir: Path, rank: int, training_thread: int | None
             faulthandler.enable(file=report, all_threads=True)
         except (OSError, ValueError) as exc:
             log.info("rank %d: no crash report in %s (%s)", rank, run_dir, exc)
+            with contextlib.suppress(OSError):
+                report.close()
+                os.unlink(path)
             return False
         _owner.append(owner)
         _report.append(report)
@@ -56,7 +66,10 @@ def install(owner: object, run_dir: Path, rank: int, training_thread: int | None
 
 
 def _remove() -> None:
-    """Close and remove the report of a process that did not crash (under the lock)."""
+    """Stop reporting; close and remove the report of a process that did not crash
+    (under the lock). faulthandler must not keep a descriptor that is closed here, and
+    that a later open may reuse."""
+    faulthandler.disable()
     report = _report.pop()
     _owner.clear()
     with contextlib.suppress(OSError):
@@ -69,14 +82,13 @@ def uninstall(owner: object) -> None:
     with _lock:
         if not _owner or _owner[0] is not owner:
             return
-        faulthandler.disable()
         _remove()
 
 
 @atexit.register
 def _at_exit() -> None:
-    # A normal exit without close(): no crash to report. faulthandler stays enabled
-    # for the rest of the interpreter's shutdown; a crash there finds no file.
+    # A normal exit without close(): no crash to report (a crash in the rest of the
+    # interpreter's shutdown is not reported).
     with _lock:
         if _owner and _report[0].name.endswith(f"-{os.getpid()}.txt"):
             _remove()
