@@ -144,15 +144,26 @@ def test_a_stalled_rank_behind_in_a_group_is_visible_from_its_snapshot(tmp_path:
         # For a moment only, and harmless to the rules (a rank seen waiting is no culprit
         # for that evaluation, and nobody is paged as one); what must hold is the state
         # it settles in, below.
+        seen: list[str] = []  # the last read, for the failure's message
+
         def both_stalled_with_progress() -> dict[int, Snapshot]:
             snaps = {s.rank: s for s in read_all_snapshots(tmp_path)}
+            if any(s.stalled for s in snaps.values()):  # the hold's window only
+                seen[:] = [f"rank {s.rank}: stalled {s.stalled}, collectives "
+                           f"{s.collectives}, pending {s.pending}, activity {s.activity}"
+                           for s in snaps.values()]
             if len(snaps) == 2 and all(s.stalled and s.collectives for s in snaps.values()) \
                     and snaps[1].pending is None and snaps[0].pending is not None:
                 return snaps
             return {}
-        snaps = wait_until(both_stalled_with_progress, 60, interval=0.1,
-                           what="both ranks stalled, with their collectives, rank 1 with "
-                                "none in flight")
+        try:
+            snaps = wait_until(both_stalled_with_progress, 60, interval=0.1,
+                               what="both ranks stalled, with their collectives, rank 1 "
+                                    "with none in flight")
+        except AssertionError as exc:
+            # Failed once in a solo CI run (session 22), the state never reached in the
+            # 30 s hold: what the snapshots said last, to tell which part never held.
+            raise AssertionError(f"{exc}; last seen while stalled: {seen}") from None
     finally:
         for proc in procs:
             proc.kill()
