@@ -65,7 +65,11 @@ _LIBRARY: Final = re.compile(r"/(site-packages|dist-packages)/|/lib/python3\.\d+
 
 
 def crash_report_path(run_dir: Path, rank: int, pid: int) -> Path:
-    return run_dir / f"crash-rank{rank}-{pid}.txt"  # as read_crash_report names it
+    return run_dir / _file_name(rank, pid)
+
+
+def _file_name(rank: int, pid: int) -> str:
+    return f"crash-rank{rank}-{pid}.txt"
 
 
 def thread_name(ident: int) -> str:
@@ -111,7 +115,7 @@ def read_crash_report(run_dir: Path, rank: int, pid: int, started: float) -> Cra
     One ``stat`` where there is no crash (every live rank, every scrape): the file then
     holds its header alone, whose length is known."""
     # Strings, not Path objects: this runs for every rank at every scrape of the agent.
-    name = f"crash-rank{rank}-{pid}.txt"
+    name = _file_name(rank, pid)
     path = os.path.join(run_dir, name)
     try:
         stat = os.stat(path)

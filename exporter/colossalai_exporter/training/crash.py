@@ -31,15 +31,16 @@ from colossalai_exporter.rankstate.crash import HEADER, crash_report_path, threa
 log = logging.getLogger("colossalai_exporter.training")
 
 _lock = threading.Lock()
-_owner: list[object] = []  # the monitor that installed it, while installed
-_report: list[IO[str]] = []  # its open file: faulthandler writes to its descriptor
+# (the monitor that installed it, its open file), while installed: faulthandler writes
+# to the file's descriptor
+_installed: list[tuple[object, IO[str]]] = []
 
 
 def install(owner: object, run_dir: Path, rank: int, training_thread: int | None) -> bool:
     """Report this process's crashes into the run directory; False where faulthandler
     was already enabled (by the user, or an earlier monitor) or the file cannot be made."""
     with _lock:
-        if _owner or faulthandler.is_enabled():
+        if _installed or faulthandler.is_enabled():
             return False
         path = crash_report_path(run_dir, rank, os.getpid())
         try:
@@ -60,8 +61,7 @@ def install(owner: object, run_dir: Path, rank: int, training_thread: int | None
                 report.close()
                 os.unlink(path)
             return False
-        _owner.append(owner)
-        _report.append(report)
+        _installed.append((owner, report))
         return True
 
 
@@ -70,8 +70,7 @@ def _remove() -> None:
     (under the lock). faulthandler must not keep a descriptor that is closed here, and
     that a later open may reuse."""
     faulthandler.disable()
-    report = _report.pop()
-    _owner.clear()
+    _, report = _installed.pop()
     with contextlib.suppress(OSError):
         report.close()
         os.unlink(report.name)
@@ -80,26 +79,25 @@ def _remove() -> None:
 def uninstall(owner: object) -> None:
     """Stop reporting, and remove the report (the process did not crash)."""
     with _lock:
-        if not _owner or _owner[0] is not owner:
-            return
-        _remove()
+        if _installed and _installed[0][0] is owner:
+            _remove()
 
 
 @atexit.register
 def _at_exit() -> None:
     # A normal exit without close(): no crash to report (a crash in the rest of the
     # interpreter's shutdown is not reported).
+    # (a forked child has nothing installed: _in_forked_child)
     with _lock:
-        if _owner and _report[0].name.endswith(f"-{os.getpid()}.txt"):
+        if _installed:
             _remove()
 
 
 def _in_forked_child() -> None:
     # The child's own faulthandler state is a copy: disabling it leaves the rank's.
-    if _owner:
+    if _installed:
         faulthandler.disable()
-        _owner.clear()
-        _report.clear()
+        _installed.clear()
 
 
 os.register_at_fork(after_in_child=_in_forked_child)
