@@ -21,6 +21,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from colossalai_exporter.rankstate.schema import Activity
 from colossalai_exporter.training.activity import sample
 from conftest import cli_env, free_port, require
@@ -306,3 +308,114 @@ def test_a_phase_change_is_sampled_where_the_script_entered_it(tmp_path: Path) -
     assert where is not None, where
     assert where.frame.startswith("test_training_activity.py:"), where
     assert where.frame.endswith(" in test_a_phase_change_is_sampled_where_the_script_entered_it")
+
+
+def _gated_loader_test(tmp_path: Path, before: int, expected: bool, epochs: int = 1,
+                       **loader: Any) -> None:
+    """A data loader whose source waits, before its batch ``before`` of the last epoch,
+    for a gate file (seen by a forked worker as by the thread): what
+    ``data_loader_starting`` says of the thread that waits for that batch."""
+    require(importlib.util.find_spec("torch") is not None, "torch (scripts/install-dev.sh)")
+    import torch
+
+    from colossalai_exporter.training.activity import data_loader_starting
+    from conftest import wait_until
+
+    tmp_path.mkdir(exist_ok=True)
+    gate, armed = tmp_path / "gate", tmp_path / "armed"
+
+    class Gated(torch.utils.data.IterableDataset[torch.Tensor]):
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            for k in range(4):
+                if k == before and armed.exists():
+                    deadline = time.monotonic() + 30
+                    while not gate.exists() and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                yield torch.zeros(1)
+
+    data = torch.utils.data.DataLoader(Gated(), batch_size=None, **loader)
+    got: list[int] = []
+
+    def train() -> None:
+        for epoch in range(epochs):
+            if epoch == epochs - 1:
+                armed.touch()
+            for _ in data:
+                got.append(epoch)
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    try:
+        # The thread waits in the data loader for the gated batch (its earlier batches in,
+        # for the later-batch cases): each check made only once it is seen there.
+        def waiting_for_the_gated_batch() -> bool:
+            where = sample(thread.ident)
+            return (got.count(epochs - 1) == before and where is not None
+                    and where.kind == "data")
+
+        wait_until(waiting_for_the_gated_batch, 30, what="the wait for the gated batch")
+        assert data_loader_starting(thread.ident) is expected
+        assert data_loader_starting(thread.ident) is expected  # reading it changes nothing
+    finally:
+        gate.touch()
+        thread.join(30)
+    assert got.count(epochs - 1) == 4, got  # every batch given, the read none the worse
+
+
+def test_a_fresh_iterators_first_batch_is_a_data_loader_start(tmp_path: Path) -> None:
+    _gated_loader_test(tmp_path, before=0, expected=True)
+
+
+def test_a_later_batch_is_not(tmp_path: Path) -> None:
+    _gated_loader_test(tmp_path, before=2, expected=False)
+
+
+def test_a_workers_first_batch_is_a_start_and_its_later_ones_are_not(tmp_path: Path) -> None:
+    _gated_loader_test(tmp_path / "first", before=0, expected=True, num_workers=1)
+    _gated_loader_test(tmp_path / "later", before=2, expected=False, num_workers=1)
+
+
+def test_persistent_workers_starting_the_next_epoch_are_a_start(tmp_path: Path) -> None:
+    _gated_loader_test(tmp_path, before=0, expected=True, epochs=2, num_workers=1,
+                       persistent_workers=True)
+
+
+@pytest.mark.parametrize("workers", [0, 1])
+def test_a_sampler_drawing_its_permutation_is_a_start(workers: int) -> None:
+    """A map-style loader whose sampler takes its time before the first index (the
+    permutation of a very large dataset), with and without workers: the thread is in
+    the iterator's ``_reset`` or its first ``__next__``."""
+    require(importlib.util.find_spec("torch") is not None, "torch (scripts/install-dev.sh)")
+    import torch
+
+    from colossalai_exporter.training.activity import data_loader_starting
+    from conftest import wait_until
+
+    release = threading.Event()
+
+    class Slow(torch.utils.data.Sampler[int]):
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            release.wait(30)
+            yield from range(4)
+
+        def __len__(self) -> int:
+            return 4
+
+    data = torch.utils.data.DataLoader(list(range(4)), sampler=Slow(), batch_size=2,
+                                       num_workers=workers)
+    thread = threading.Thread(target=lambda: list(data))
+    thread.start()
+    try:
+        wait_until(lambda: (sample(thread.ident) or Activity(kind="")).kind == "data", 30,
+                   what="the thread in the data loader")
+        assert data_loader_starting(thread.ident)
+    finally:
+        release.set()
+        thread.join(30)
+
+
+def test_no_thread_or_no_data_loader_is_no_start() -> None:
+    from colossalai_exporter.training.activity import data_loader_starting
+
+    assert not data_loader_starting(None)
+    assert not data_loader_starting(threading.get_ident())  # here: no data loader

@@ -169,6 +169,58 @@ def test_a_recompile_within_a_step_is_phase_compiling_until_the_next_step(
         torch._dynamo.reset()
 
 
+def test_an_epochs_data_loader_start_is_phase_data_start_until_its_first_batch(
+        tmp_path: Path, short_idle: None) -> None:
+    """The second epoch's iterator takes its time for its first batch (workers started
+    again, shards opened), past the idle time, outside any step: phase data_start, with
+    its budget, from the rank's last step; once the batch is in, training again with
+    the step's budget from then. A later batch that takes as long stays training: a data
+    loader that stops giving batches mid-epoch is a hang within the step's budget."""
+    require(importlib.util.find_spec("torch") is not None, "torch (scripts/install-dev.sh)")
+    import torch
+
+    monitor = TrainingMonitor(serve="none", run_dir=tmp_path, publish_interval=0.05,
+                              record_signals=False,
+                              budgets=Budgets(step=60.0, data_start=900.0))
+    seen: list[Snapshot] = []
+    epoch = [0]
+
+    class Shards(torch.utils.data.IterableDataset[torch.Tensor]):
+        def __iter__(self):  # type: ignore[no-untyped-def]
+            for k in range(3):
+                if epoch[0] == 1 and k == 0:  # the next epoch's start, slow
+                    wait_until(lambda: on_disk(tmp_path).phase == "data_start", timeout=30,
+                               interval=0.02, what="phase data_start at the epoch's start")
+                    seen.append(on_disk(tmp_path))
+                if epoch[0] == 1 and k == 2:  # a later batch as slow: no start
+                    wait_until(lambda: time.time() - on_disk(tmp_path).last_step > 3 * IDLE,
+                               timeout=30, interval=0.02, what="idle past the threshold")
+                    publishes(tmp_path, 3)
+                    seen.append(on_disk(tmp_path))
+                yield torch.zeros(1)
+
+    data = torch.utils.data.DataLoader(Shards(), batch_size=None)
+    try:
+        for epoch[0] in (0, 1):
+            for k, _ in enumerate(data):
+                if epoch[0] == 1 and k == 0:
+                    arrived = time.time()
+                    wait_until(lambda: on_disk(tmp_path).phase == "training", timeout=30,
+                               interval=0.02, what="back to training once the batch is in")
+                    after = on_disk(tmp_path)
+                with monitor.step():
+                    pass
+        start, later = seen
+        since_last_step_with_budget(start, 900.0)  # the data start's budget
+        assert start.steps == 3, start  # the first epoch's steps
+        assert after.steps == 3 and after.timeout == 60.0, after
+        assert after.phase_start >= arrived - 0.5, (after.phase_start, arrived)
+        assert later.phase == "training" and later.timeout == 60.0, later
+        assert later.activity is not None and later.activity.kind == "data", later
+    finally:
+        monitor.close()
+
+
 def upload_while(tmp_path: Path, until: Any) -> Snapshot:
     """An HTTP PUT on the training thread to a store on loopback that reads nothing until
     ``until(snapshot)`` holds (or 30 s), then all of it; the snapshot it saw."""

@@ -70,6 +70,7 @@ for:
   TrainingRanksMissing: 10s
   CheckpointStuck: 10s
   CompileStuck: 10s
+  DataStartStuck: 10s
   EvaluationStuck: 10s
   TrainingRankDown: 10s
   TrainingNodeLost: 10s

@@ -391,6 +391,17 @@ CASES = [
          ("has been in phase compiling for", "a torch.compile recompile that does not "
           "finish", "It is in compile at train.py:", "in compile_backend (threading.py:",
           "while 1 other rank(s) wait in backward")),
+    Case("epoch-start", "rank 1's data loader starts its next epoch: a fresh iterator whose "
+         "worker takes 12 s to give its first batch (imports, the first shard opened; "
+         "beyond the 5 s step budget, within the 10 m data start budget) while rank 0 "
+         "waits for it in the step's all-reduce", "epoch_start", 1, (), quiet=25.0,
+         release="current"),
+    Case("epoch-start-hangs", "rank 1's next epoch never starts: its data loader's worker "
+         "never gives the first batch (a shard's open that never returns) while rank 0 "
+         "waits for it in the step's all-reduce", "epoch_start_hangs", 1,
+         ("DataStartStuck",), {"rank": "1", "phase": "data_start"},
+         ("has been in phase data_start for", "a data loader's start that does not finish",
+          "It is in data at train.py:", "while 1 other rank(s) wait in")),
     Case("rank0-save-every-rank-serves", "the tutorial's save of 12 s on rank 0 alone, as "
          "above, in a run where every rank serves /metrics (serve=\"local\"): rank 1's own "
          "server reports it stalled while it waits", "rank0_save", 0, (), quiet=25.0,

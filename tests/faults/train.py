@@ -91,6 +91,11 @@ COMPILES = ("recompile", "recompile_hangs")
 # Rank 0's validation or torch.save inside the step's block (the loop's whole body in it)
 WORK_IN_STEP = ("eval_in_step", "save_in_step", "eval_in_step_hangs")
 RECOMPILE_SECONDS = 12.0
+# Once armed, the faulty rank's loader starts its next epoch: a fresh iterator whose
+# worker takes 12 s before its first batch (epoch_start: workers that import and open
+# their shards), or never gives it (epoch_start_hangs: a shard's open that never returns).
+EPOCH_STARTS = ("epoch_start", "epoch_start_hangs")
+EPOCH_START_SECONDS = 12.0
 CHECKPOINT_EVERY = int(os.environ.get("CHECKPOINT_EVERY", "50"))
 
 # torch.OutOfMemoryError's text as a Gemini run on an H200 raised it (FACTS.md).
@@ -150,6 +155,21 @@ class RandomBatches(torch.utils.data.IterableDataset[torch.Tensor]):
             yield torch.randn(16, 32)
 
 
+class NextEpoch(torch.utils.data.IterableDataset[torch.Tensor]):
+    """The next epoch's data, read in a worker process that takes its time to start (its
+    imports, its first shard opened from a network filesystem), or never does."""
+
+    def __init__(self, hangs: bool) -> None:
+        self.hangs = hangs
+
+    def __iter__(self) -> Any:
+        if self.hangs:
+            threading.Event().wait()
+        time.sleep(EPOCH_START_SECONDS)
+        while True:
+            yield torch.randn(16, 32)
+
+
 def slow_kernel_loader() -> Any:
     """A real ``KernelLoader`` whose only extension takes ten minutes to build.
 
@@ -197,6 +217,8 @@ CHECKPOINT_BUDGET = {"rank0_save": 60.0, "unwrapped_save": 60.0, "upload": 60.0,
                      "upload_subprocess": 60.0, "save_in_step": 60.0}.get(FAULT, 5.0)
 # The compile budget: a real one's (30 m), except where the recompile hangs.
 COMPILE_BUDGET = {"recompile_hangs": 5.0}.get(FAULT, 1800.0)
+# The data loader start's budget: a real one's (10 m), except where the start hangs.
+DATA_START_BUDGET = {"epoch_start_hangs": 5.0}.get(FAULT, 600.0)
 RANK0_SAVE_SECONDS = 12.0  # beyond the step budget (5 s) twice over
 # The evaluation budget: a real one's (an hour), except where the evaluation hangs.
 EVALUATION_BUDGET = {"eval_hangs": 5.0, "eval_in_step_hangs": 5.0}.get(FAULT, 3600.0)
@@ -226,7 +248,7 @@ def main() -> int:
     monitor = TrainingMonitor(
         budgets=Budgets(step=STEP_BUDGET, checkpoint=CHECKPOINT_BUDGET, kernels=5.0,
                         startup=STARTUP_BUDGET, evaluation=EVALUATION_BUDGET,
-                        compile=COMPILE_BUDGET),
+                        compile=COMPILE_BUDGET, data_start=DATA_START_BUDGET),
         publish_interval=0.5)
     if FAULT == "resume_fails" and monitor.rank == FAULT_RANK:
         # Every start reads the data shard the last run got to, which is gone: the
@@ -316,6 +338,15 @@ def main() -> int:
             if rank == 0:
                 after_training(model)
             return 0
+        if armed.is_set() and FAULT in EPOCH_STARTS and mine:
+            # The epoch's end on this rank: its loader starts again, a fresh iterator and a
+            # worker process, while the other rank, quicker, waits for it in the step's
+            # all-reduce.
+            armed.clear()
+            batches = iter(torch.utils.data.DataLoader(
+                NextEpoch(hangs=FAULT == "epoch_start_hangs"), batch_size=None,
+                num_workers=1))
+            x = next(batches)
         if armed.is_set() and FAULT in COMPILES and mine:
             armed.clear()
             slow_compile.set()

@@ -56,6 +56,7 @@ POINTS = 240  # about as many points per series as Grafana asks for on a wide pa
 # Grafana's colour names -> matplotlib's.
 _COLORS = {"green": "#56a64b", "red": "#e02f44", "yellow": "#f2cc0c", "orange": "#ff9830",
            "blue": "#3274d9", "purple": "#a352cc", "light-green": "#96d98d",
+           "light-blue": "#8ab8ff",
            "text": "#8e8e8e", "transparent": "#f4f5f5"}
 _LEGEND = re.compile(r"\{\{\s*(\w+)\s*\}\}")
 

@@ -29,7 +29,7 @@ UID = "colossalai-training"
 
 _PHASE_COLORS = {"init": "blue", "kernels": "purple", "training": "green",
                  "checkpointing": "yellow", "evaluating": "light-green", "compiling": "orange",
-                 "finished": "text", "failed": "red"}
+                 "data_start": "light-blue", "finished": "text", "failed": "red"}
 
 R = Selector('job=~"$job", rank=~"$rank"')
 JOB = Selector('job=~"$job"')
@@ -122,7 +122,8 @@ def progress_row(config: RulesConfig) -> Row:
     return Row("Progress", (
         state_timeline("Phase per rank",
                        "The phase each rank is in: init, kernels (JIT build), training, "
-                       "checkpointing, evaluating, compiling, finished, failed.",
+                       "checkpointing, evaluating, compiling, data_start (a data loader's "
+                       "start at an epoch's boundary), finished, failed.",
                        Query(phase_code(), "rank {{rank}}"), w=24, h=7,
                        mappings=phase_mappings()),
         timeseries("Steps per second per rank",

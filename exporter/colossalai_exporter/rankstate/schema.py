@@ -16,9 +16,10 @@ import msgspec
 # added since have defaults) and refuses a newer one: a training image newer than
 # the node agent costs that rank its outside view (counted, reason "version"), not
 # a misreading.
-SNAPSHOT_VERSION: Final = 3  # 3: phase "compiling", activities "compile" and "subprocess"
+# 3: phase "compiling", activities "compile" and "subprocess"; 4: phase "data_start"
+SNAPSHOT_VERSION: Final = 4
 Phase = Literal["init", "kernels", "training", "checkpointing", "evaluating", "compiling",
-                "finished", "failed"]
+                "data_start", "finished", "failed"]
 #: every phase, in the order a run goes through them (rules and dashboards take them from here)
 PHASES: Final[tuple[Phase, ...]] = get_args(Phase)
 #: why a snapshot file could not be used (colossalai_rank_snapshot_errors_total{reason})
@@ -26,12 +27,14 @@ ERROR_REASONS: Final = ("malformed", "invalid", "version", "unreadable")
 
 
 ACTIVE_PHASES: Final = frozenset({"init", "kernels", "training", "checkpointing", "evaluating",
-                                   "compiling"})
+                                   "compiling", "data_start"})
 # The tutorial's /health contract: 200 in these phases (when not stalled and kernels are
 # ready). "evaluating" is ours: the tutorial had no evaluation phase, and a periodic
 # evaluation is part of a healthy run, not an outage for an uptime monitor to page on.
-# "compiling" likewise: torch.compile recompiling a graph within a step (new shapes).
-HEALTHY_PHASES: Final = frozenset({"training", "checkpointing", "evaluating", "compiling"})
+# "compiling" likewise: torch.compile recompiling a graph within a step (new shapes), and
+# "data_start": a data loader's iterator started again at an epoch's boundary.
+HEALTHY_PHASES: Final = frozenset({"training", "checkpointing", "evaluating", "compiling",
+                                   "data_start"})
 HEARTBEAT_RESULTS: Final = ("success", "failure", "dropped")
 
 Device = Literal["cuda", "cpu", "nvme"]

@@ -92,12 +92,13 @@ ENDED = phase_is("finished", "failed")
 
 
 # The phases with a budget and an alert of their own (TrainingStartupStuck,
-# CheckpointStuck, EvaluationStuck, CompileStuck) that one rank can be in while the
-# others wait for it in training: a save or an evaluation on one rank only (the tutorial
-# saves from rank 0 alone), a kernel loaded on first use, a recompile of one rank's graph
-# (its shapes changed). Not finished or failed: a rank that ended while others wait for
-# it is the incident (TrainingHangSuspect, TrainingRankDown).
-BUSY = phase_is("init", "kernels", "checkpointing", "evaluating", "compiling")
+# CheckpointStuck, EvaluationStuck, CompileStuck, DataStartStuck) that one rank can be in
+# while the others wait for it in training: a save or an evaluation on one rank only (the
+# tutorial saves from rank 0 alone), a kernel loaded on first use, a recompile of one
+# rank's graph (its shapes changed), one rank's data loader slower to start its epoch.
+# Not finished or failed: a rank that ended while others wait for it is the incident
+# (TrainingHangSuspect, TrainingRankDown).
+BUSY = phase_is("init", "kernels", "checkpointing", "evaluating", "compiling", "data_start")
 
 
 def in_phase(view: Selector, matcher: str) -> str:

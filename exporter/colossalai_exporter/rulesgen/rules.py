@@ -58,8 +58,7 @@ __all__ = [
 # torch.save leaves that rank outside any collective while the others wait).
 SPECIFIC_CAUSE_ALERTS = ("GeminiOutOfMemory", "KernelBuildFailed", "CheckpointFailing",
                          "CheckpointStuck", "CompileStuck", "EvaluationStuck",
-                         "TrainingRankOOMKilled",
-                         "TrainingNodeLost",
+                         "DataStartStuck", "TrainingRankOOMKilled", "TrainingNodeLost",
                          "GPUXidCritical", "GPURecoveryActionRequired", "GPURowRemapFailure",
                          "GPUNVLinkDown", "GPUEccUncorrectable", "InfiniBandPortDown",
                          "InfiniBandPortsMissing")

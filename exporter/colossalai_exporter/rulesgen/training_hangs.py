@@ -94,10 +94,10 @@ def answering(view: Selector, vector: str) -> str:
 
 
 def outside_own_phases(view: Selector, vector: str) -> str:
-    """``vector`` less the ranks in start-up, a checkpoint, an evaluation or a recompile,
-    which have their own budget and alert that say more (TrainingStartupStuck,
-    CheckpointStuck, EvaluationStuck, CompileStuck), and the finished and failed ones,
-    which wait for no one."""
+    """``vector`` less the ranks in start-up, a checkpoint, an evaluation, a recompile or
+    a data loader's start, which have their own budget and alert that say more
+    (TrainingStartupStuck, CheckpointStuck, EvaluationStuck, CompileStuck,
+    DataStartStuck), and the finished and failed ones, which wait for no one."""
     # on (job, instance, rank), not ignoring (phase): the vectors this excludes from
     # carry labels of their own (activity, pg) that the phase series lacks.
     return f"{vector}\nunless on (job, instance, rank)\n  {in_phase(view, OWN_PHASES)}"

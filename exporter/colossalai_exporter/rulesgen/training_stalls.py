@@ -1,5 +1,5 @@
 """Stalls: TrainingStalled, TrainingStartupStuck, TrainingRanksMissing,
-TrainingNeverStarted, CheckpointStuck, CompileStuck, EvaluationStuck.
+TrainingNeverStarted, CheckpointStuck, CompileStuck, EvaluationStuck, DataStartStuck.
 
 A rank that stays in one phase beyond that phase's budget. In every phase
 ``colossalai_training_step_timeout_seconds`` is the budget of that phase
@@ -436,6 +436,22 @@ def evaluation_stuck(rank_servers: Selector, node_agents: Selector) -> Alert:
         "EvaluationStuck", ("evaluating",), "An evaluation has run longer than its budget.",
         over_budget_text("an evaluation that does not finish")
         + STALLED_REACH,
+        rank_servers, node_agents, unless=waits_for_others(rank_servers, node_agents))
+
+
+def data_start_stuck(rank_servers: Selector, node_agents: Selector) -> Alert:
+    """DataStartStuck: a data loader's start at an epoch's boundary beyond its budget
+    (training/unannounced.py: the last iterator's workers stopped, the next one built,
+    its first batch awaited), a cause alert as CompileStuck, and not for a rank that
+    waits in a collective for another rank of its run that is stuck, down or busy
+    within its own budget (waits_for_others). Without the phase, an epoch whose workers
+    took longer to start than a step's budget paged a healthy run as stalled, and the
+    rank still starting as the one a hang waits for."""
+    return phase_over_budget(
+        "DataStartStuck", ("data_start",), "A data loader's start at an epoch's boundary has "
+        "run longer than its budget.",
+        over_budget_text("a data loader's start that does not finish (its workers, its "
+                         "sampler's indices, its first batch)") + STALLED_REACH,
         rank_servers, node_agents, unless=waits_for_others(rank_servers, node_agents))
 
 

@@ -45,6 +45,10 @@ standard library and of installed packages is library code (a training package
 installed into site-packages counts as library, and its caller in the script is
 named).
 
+Whether a thread in ``data`` is at its data loader's start (an epoch's boundary) or
+waits for a later batch is a second look, :func:`data_loader_starting`, taken only for
+a rank that has gone a while without a step (training/unannounced.py).
+
 A thread blocked in C with the GIL held cannot be sampled: the publisher does
 not run, the snapshot ages, and the node agent reports the rank as not
 responding, which is the answer in that case.
@@ -106,6 +110,10 @@ _LIBRARY: Final = tuple(sorted({
 _NOT_SCRIPT: Final = ("<", *_LIBRARY)  # "<frozen …>", "<string>": not a file of the script
 # c10d wraps its API in logging decorators; the collective is the wrapped name.
 _WRAPPERS: Final = frozenset({"wrapper", "_fn", "inner"})
+_DATA_LOADER: Final = "/torch/utils/data/dataloader.py"
+# DataLoader's functions that end one iterator or build the next (data_loader_starting).
+_STARTING: Final = frozenset({"__iter__", "_get_iterator", "__init__", "_reset",
+                              "_shutdown_workers"})
 
 
 def sample(thread_id: int | None) -> Activity | None:
@@ -140,6 +148,38 @@ def sample(thread_id: int | None) -> Activity | None:
     kind = kind or ("network" if network else "subprocess" if spawned else "compute")
     named = top if script in ("", top) else f"{script} ({top})"
     return Activity(kind=kind, frame=named, collective=collective)
+
+
+def data_loader_starting(thread_id: int | None) -> bool:
+    """Whether the thread ``thread_id`` is at a data loader iterator's start: the last
+    one's workers stopped, the next one built (worker processes started; with "spawn",
+    the dataset pickled to each; the sampler's indices drawn, a permutation of the
+    whole dataset for DistributedSampler; persistent workers told to start again), or
+    its first batch awaited (each worker's ``worker_init_fn`` and its dataset's first
+    items: shards opened, an index read). What an epoch's boundary costs, more than a
+    batch, with nothing wrong; a wait for a later batch is the data loader's ordinary
+    work, and one that never ends, a hang.
+
+    The first batch is told from a later one by the iterator's count of batches given,
+    read from its ``__next__`` frame's locals: under the GIL, while that frame waits.
+    Before Python 3.13 reading ``f_locals`` copies the frame's fast locals into its
+    locals dict, which the frame itself never reads; a debugger's trace function, the
+    one thing that writes that dict back, copies it afresh before it runs. Called only
+    for a rank idle past the threshold (training/unannounced.py), not every sample.
+    """
+    if thread_id is None:
+        return False
+    frame = sys._current_frames().get(thread_id)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_filename.replace(os.sep, "/").endswith(_DATA_LOADER):
+            if code.co_name in _STARTING:
+                return True
+            if code.co_name == "__next__":
+                iterator = frame.f_locals.get("self")
+                return getattr(iterator, "_num_yielded", None) == 0
+        frame = frame.f_back
+    return False
 
 
 def _named(frame: FrameType) -> str:

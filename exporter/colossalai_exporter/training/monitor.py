@@ -180,7 +180,7 @@ class TrainingMonitor:
                               record_exception=self._record_exception, error=self._error,
                               checkpoint_done=self._heartbeats.checkpoint_done)
         self._unannounced = UnannouncedWork(self._state, self._steps, self._phases,
-                                            self.budgets)
+                                            self.budgets, self._training_thread)
         self._info_defaults()
         if start:
             self.start()

@@ -53,7 +53,8 @@ class Budgets:
     Until a step has completed the ``startup`` budget applies (model load, the first
     step's warm-up, torch.compile's first compile); a kernel load or JIT build (phase
     ``kernels``) has its own, ``kernels``, and so does a torch.compile recompile later
-    in the run (phase ``compiling``, training/unannounced.py), ``compile``.
+    in the run (phase ``compiling``, training/unannounced.py), ``compile``, and a data
+    loader's start at an epoch's boundary (phase ``data_start``), ``data_start``.
     """
 
     step: float | None = None
@@ -71,6 +72,12 @@ class Budgets:
     # a stale lock in a shared inductor cache never ends, which this budget turns into
     # a stall.
     compile: float = 1800.0
+    # A data loader's iterator started again at an epoch's boundary: its workers
+    # restarted (spawned ones import torch and get the dataset pickled), the sampler's
+    # permutation of the whole dataset, each worker's first shard opened. Seconds to
+    # minutes; ten minutes is NCCL's default collective timeout, beyond which the
+    # other ranks would not wait for it either.
+    data_start: float = 600.0
 
     def for_phase(self, phase: str, longest_recent_step: float | None) -> float:
         """The budget for ``phase`` given the longest recent step (None before any)."""
@@ -84,6 +91,8 @@ class Budgets:
             return self.evaluation
         if phase == "compiling":
             return self.compile
+        if phase == "data_start":
+            return self.data_start
         if self.step is not None:
             return self.step
         if longest_recent_step is None:

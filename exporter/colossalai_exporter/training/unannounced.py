@@ -1,5 +1,5 @@
-"""Work the monitor is not told of: an evaluation, a save or a recompile, between steps
-or inside one.
+"""Work the monitor is not told of: an evaluation, a save, a recompile or a data loader's
+start, between steps or inside one.
 
 Most scripts evaluate without ``monitor.evaluation()`` and save without
 ``monitor.checkpoint()`` (the tutorial's loop has neither: rank 0 alone calls its own
@@ -7,8 +7,9 @@ Most scripts evaluate without ``monitor.evaluation()`` and save without
 the periodic evaluation and save included, in ``with monitor.step()``. Either makes no
 step for as long as it takes, minutes, longer than a step's budget, while the other
 ranks wait for the rank in their next step's collective: paged as a stalled run, and the
-busy rank as the one a hang waits for. Three things tell that work apart from a hang,
-read once the rank has made no step for a while:
+busy rank as the one a hang waits for. An epoch's boundary, where no script tells the
+monitor anything, can take as long: a data loader started again. Four things tell that
+work apart from a hang, read once the rank has made no step for a while:
 
 - **a save**: the training thread is inside ``torch.save`` or safetensors (its sampled
   activity is ``checkpoint``, training/activity.py), or, once the rank has saved since
@@ -36,12 +37,22 @@ read once the rank has made no step for a while:
   CompileStuck, with its frame. Only the rank that recompiles is in it; the ranks that
   wait for it in a collective are not paged while it is within that budget. The first
   compile is the first step's, within the start-up budget.
+- **a data loader's start**: the training thread is in the data loader, ending one
+  iterator or building the next, or waiting for that iterator's first batch
+  (activity.data_loader_starting): an epoch's boundary, where the workers start again
+  (imports and a pickled dataset for spawned ones), the sampler draws its permutation
+  of the whole dataset, and each worker opens its first shard. Phase "data_start",
+  with its own budget, until the first batch is in: the step (or the script) goes on
+  with the step's budget from then, and a later batch that never comes is a hang
+  within the step's budget, as it was. An evaluation's loader starts in eval mode,
+  and that is the evaluation's.
 
 Each phase starts at the rank's last step and lasts until its next step brings it
-back to training, or, for an evaluation or a recompile, until the work is over: the
-step (or the script between steps) goes on with the step's budget from then. The step
-that held the work is left out of the learned step budget once it completes
-(:meth:`RankState.forget_step`): five times an evaluation is no step's budget.
+back to training, or, for an evaluation, a recompile or a data loader's start, until
+the work is over: the step (or the script between steps) goes on with the step's
+budget from then. The step that held the work is left out of the learned step budget
+once it completes (:meth:`RankState.forget_step`): five times an evaluation is no
+step's budget.
 
 "A while" is twice the longest recent step, at least :data:`MIN_IDLE_SECONDS`, and at
 most half the step budget (before the rank would count as stalled): a script that saves
@@ -57,6 +68,7 @@ import time
 from typing import Any
 
 from colossalai_exporter.rankstate.schema import Activity
+from colossalai_exporter.training import activity
 from colossalai_exporter.training.phases import Phases
 from colossalai_exporter.training.state import RECENT_STEPS, Budgets, RankState
 from colossalai_exporter.training.steps import StepCounter
@@ -70,8 +82,9 @@ MIN_IDLE_SECONDS = 10.0
 
 class UnannouncedWork:
     def __init__(self, state: RankState, steps: StepCounter, phases: Phases,
-                 budgets: Budgets) -> None:
+                 budgets: Budgets, thread_id: int | None) -> None:
         self._state = state
+        self._thread_id = thread_id  # the training thread's
         self._budgets = budgets
         self._steps = steps
         self._phases = phases
@@ -102,10 +115,12 @@ class UnannouncedWork:
             if state.phase != name or state.phase_start != since:
                 self._entered = None  # the training thread moved on (a step, a phase)
             elif ((name == "compiling" and where is not None and where.kind != "compile")
-                  or (name == "evaluating" and not eval_mode)):
-                # The compile or the evaluation is over and the step (or the script) goes
-                # on: the step's own budget again, from now; a hang in what follows must
-                # not wait for the compile's or the evaluation's budget.
+                  or (name == "evaluating" and not eval_mode)
+                  or (name == "data_start" and where is not None
+                      and not self._starting_data(where))):
+                # The compile, the evaluation or the data loader's start is over and the
+                # step (or the script) goes on: the step's own budget again, from now; a
+                # hang in what follows must not wait for that phase's budget.
                 self._phases.enter_unannounced("training", since=time.time(),
                                                only_from=name)
                 self._entered = None
@@ -162,4 +177,9 @@ class UnannouncedWork:
             return "checkpointing"
         if eval_mode and not (in_step and self._eval_mode_is_ordinary()):
             return "evaluating"
+        if where is not None and self._starting_data(where):
+            return "data_start"
         return None
+
+    def _starting_data(self, where: Activity) -> bool:
+        return where.kind == "data" and activity.data_loader_starting(self._thread_id)
