@@ -358,3 +358,40 @@ def test_nccl_work_in_flight_is_read_from_its_status() -> None:
     found = json.loads(result.stdout.strip().splitlines()[-1])
     assert found == {"idle": [True, True], "in_flight": [True, 90.0, True],
                      "done": [True, True]}, found
+
+
+class _Status:
+    """A PendingReader's answer as the monitor reads it: one collective in flight, from a
+    status that notes completions in order (NCCL's) or not (gloo's, PendingReader.ordered)."""
+
+    def __init__(self, ordered: bool) -> None:
+        self.readable, self.ordered = True, ordered
+
+    def read(self, now: float) -> PendingCollective:
+        return PendingCollective(pg="0", seq=3, since=now - 5.0, timeout=120.0)
+
+
+@pytest.mark.parametrize(("ordered", "kind", "believed"), [
+    (True, "compute", True),      # NCCL: a rank in a CUDA sync samples as compute
+    (False, "collective", True),  # gloo, waiting in the collective
+    (False, "backward", True),    # gloo, DDP's all-reduce waited for in backward
+    (False, "compute", False),    # gloo, its collective returned: a note out of order
+])
+def test_an_out_of_order_in_flight_is_believed_only_of_a_rank_that_waits(
+        ordered: bool, kind: str, believed: bool) -> None:
+    """The flake of session 22 (1 run in 40 under load): rank 1, frozen in compute after
+    its collectives returned, read "all_reduce #3 in flight" for ever, and a rank seen
+    with a collective in flight counts as one that waits: the culprit the others wait
+    for passed for a waiting rank."""
+    from colossalai_exporter import TrainingMonitor
+    from colossalai_exporter.rankstate.schema import Activity
+
+    monitor = TrainingMonitor(serve="none", run_dir=None, record_signals=False, start=False)
+    try:
+        monitor._pending = _Status(ordered)  # type: ignore[assignment]
+        snap = monitor._state.snapshot(monitor.budgets)
+        monitor._sample_activity(snap, Activity(kind=kind, frame="train.py:1 in f"))
+        assert (snap.pending is not None) is believed, snap.pending
+        assert snap.in_flight_known
+    finally:
+        monitor.close()

@@ -180,6 +180,15 @@ class PendingReader:
         #: whether the last read found the recorder's status: then None meant nothing in
         #: flight, not "not known"
         self.readable = False
+        #: whether the last read's status records completions in order: NCCL's, whose one
+        #: watchdog thread notes each work's completion (its status is keyed by the
+        #: group's name). Where torch records for a backend from outside it (gloo's
+        #: status, keyed by creation order), each work's completion is noted by whichever
+        #: thread finished it: with gloo's several worker threads, an earlier work's note
+        #: can land after a later one's, and the group reads "in flight" for ever after
+        #: its last collective returned (seen in this project's tests, about 1 run in 40
+        #: on a loaded machine). The monitor then believes it only of a rank that waits.
+        self.ordered = False
         self._first_seen: dict[tuple[str, int], float] = {}
         self._timeouts: dict[str, float] = {}
         self._groups_known = -1
@@ -187,7 +196,7 @@ class PendingReader:
     def read(self, now: float) -> PendingCollective | None:
         """None when nothing is in flight, or the process records nothing. Errors from
         torch propagate: the caller counts them as the monitor's own."""
-        self.readable = False
+        self.readable = self.ordered = False
         function = _dump_function()
         if function is None:
             return None
@@ -213,6 +222,7 @@ class PendingReader:
             return None
         (pg, _), since = min(first_seen.items(), key=lambda item: item[1])
         by_name = isinstance(dump.get("pg_config"), Mapping) and pg in dump["pg_config"]
+        self.ordered = by_name
         return PendingCollective(pg=pg, seq=enqueued[pg], since=since,
                                  timeout=self._timeout(pg, by_name))
 

@@ -538,6 +538,12 @@ class TrainingMonitor:
             # snapshot, stalled or not: a group's timeout can be shorter than the budget.
             snap.pending = self._pending.read(snap.written)
             snap.in_flight_known = self._pending.readable
+            if (snap.pending is not None and not self._pending.ordered
+                    and where is not None and where.kind not in WAITING):
+                # A completion noted out of order (PendingReader.ordered): a rank out of
+                # any wait, its collective returned, is no rank that waits. Read as one,
+                # a frozen culprit passed for a waiting rank and was named by no rule.
+                snap.pending = None
         except Exception as exc:
             self._error("stacks", exc)
         if snap.stalled:
